@@ -1,0 +1,1 @@
+"""Candidates: canonical form, validation, the sidecar's output schema, reconciliation."""

@@ -1,0 +1,1 @@
+"""Load generation and benchmarks: Locust file, benchmark harness, dataset loaders."""
