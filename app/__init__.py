@@ -1,0 +1,1 @@
+"""ooo-spec: out-of-order semantic speculation for LLM tool calling."""

