@@ -77,7 +77,47 @@ def add_models_commands(subparsers: Subparsers) -> None:
     path.set_defaults(func=_models_path)
 
 
-COMMANDS: tuple[Callable[[Subparsers], None], ...] = (add_models_commands,)
+EXAMPLE = """curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' -d '{{
+  "messages": [{{"role": "user", "content": "What is the weather in Paris?"}}],
+  "tools": [{{"type": "function", "function": {{"name": "get_weather",
+    "parameters": {{"type": "object", "properties": {{"city": {{"type": "string"}}}},
+                   "required": ["city"]}}}}}}],
+  "tool_choice": "required", "temperature": 0}}'"""
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import time
+
+    from deployments import local
+
+    config = local.load_serve_config(args.config)
+    started = time.monotonic()
+    _to_stderr(f"ooo-spec: starting local Ray and deploying {args.config} ...")
+    url = local.start(config)
+    _to_stderr(f"ooo-spec: ready in {time.monotonic() - started:.0f} s at {url}/v1")
+    _to_stderr("Try:\n" + EXAMPLE.format(url=url))
+    _to_stderr("Ctrl-C stops the server.")
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        _to_stderr("ooo-spec: stopping")
+    finally:
+        local.stop()
+    return 0
+
+
+def add_serve_command(subparsers: Subparsers) -> None:
+    serve = subparsers.add_parser(
+        "serve", help="start local Ray and serve the app until Ctrl-C",
+        description="Start a local Ray, deploy a Ray Serve config file and serve until Ctrl-C.",
+    )
+    serve.add_argument("--config", default="configs/local.yaml",
+                       help="Ray Serve config file (default: configs/local.yaml)")
+    serve.set_defaults(func=_serve)
+
+
+COMMANDS: tuple[Callable[[Subparsers], None], ...] = (add_models_commands, add_serve_command)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,66 @@
+"""The OpenAI error envelope: `{"error": {"message", "type", "param", "code"}}`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "service_unavailable",
+    504: "timeout_error",
+}
+
+
+class ApiError(Exception):
+    """An error the client caused or should know about; becomes an OpenAI error response."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.status, self.message, self.param, self.code)
+
+
+def error_body(
+    status: int, message: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    return {
+        "error": {
+            "message": message,
+            "type": _TYPES.get(status, "invalid_request_error"),
+            "param": param,
+            "code": code,
+        }
+    }
+
+
+def describe_validation_errors(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
+    """One readable message (and the first offending field) from pydantic/FastAPI errors."""
+    parts = []
+    param: str | None = None
+    for err in errors[:5]:
+        loc = [str(p) for p in err.get("loc", ()) if p not in ("body",)]
+        where = ".".join(loc)
+        if param is None and where:
+            param = where
+        msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+        parts.append(f"{where}: {msg}" if where else msg)
+    return "; ".join(parts) or "invalid request", param

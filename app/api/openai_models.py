@@ -1,0 +1,198 @@
+"""OpenAI Chat Completions wire models (requests) and the `ooo_spec` report (responses).
+
+Requests are validated strictly: a field we do not implement, or a value we cannot honour
+(`n > 1`, `logprobs`), is a 400 with a message, never silently ignored. Fields that change
+nothing about the output (`user`, `metadata`, `store`) are accepted.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class FunctionCall(_Wire):
+    name: str
+    arguments: str
+
+
+class ToolCall(_Wire):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(_Wire):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    refusal: str | None = None
+
+    @model_validator(mode="after")
+    def _role_fields(self) -> ChatMessage:
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a 'tool' message needs 'tool_call_id'")
+        if self.role != "assistant" and self.tool_calls:
+            raise ValueError("only 'assistant' messages may carry 'tool_calls'")
+        if self.role in ("system", "developer", "user") and self.content is None:
+            raise ValueError(f"a '{self.role}' message needs 'content'")
+        return self
+
+
+class FunctionDef(_Wire):
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] = Field(
+        default_factory=lambda: {"type": "object", "properties": {}}
+    )
+    strict: bool | None = None
+
+
+class ToolDef(_Wire):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class NamedFunction(_Wire):
+    name: str
+
+
+class NamedToolChoice(_Wire):
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+class StreamOptions(_Wire):
+    include_usage: bool = False
+
+
+class OooSpecOptions(_Wire):
+    enabled: bool = True
+    execute_tools: bool = False
+    max_steps: int = Field(4, ge=1, le=16)
+
+
+class ChatCompletionRequest(_Wire):
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int | None = None
+    logprobs: bool | None = None
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    ooo_spec: OooSpecOptions = Field(default_factory=OooSpecOptions)
+
+    @field_validator("n")
+    @classmethod
+    def _only_one_choice(cls, n: int | None) -> int | None:
+        if n is not None and n != 1:
+            raise ValueError("only n=1 is supported")
+        return n
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, v: bool | None) -> bool | None:
+        if v:
+            raise ValueError("logprobs are not supported")
+        return v
+
+    @model_validator(mode="after")
+    def _tool_choice_fits_tools(self) -> ChatCompletionRequest:
+        names = [t.function.name for t in self.tools or []]
+        if len(set(names)) != len(names):
+            raise ValueError("tool names must be unique")
+        choice = self.tool_choice
+        if choice == "required" and not names:
+            raise ValueError("tool_choice 'required' needs at least one tool in 'tools'")
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise ValueError(
+                f"tool_choice names function '{choice.function.name}', which is not in 'tools'"
+            )
+        return self
+
+    @property
+    def effective_tool_choice(self) -> str:
+        """'none' | 'auto' | 'required' | 'named' (OpenAI's default: auto when tools exist)."""
+        if not self.tools or self.tool_choice == "none":
+            return "none"
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return "named"
+        return self.tool_choice or "auto"
+
+    @property
+    def named_tool(self) -> str | None:
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return self.tool_choice.function.name
+        return None
+
+    def tool_dicts(self) -> list[dict[str, Any]]:
+        return [t.model_dump(exclude_none=True) for t in self.tools or []]
+
+    def message_dicts(self) -> list[dict[str, Any]]:
+        return [m.model_dump(exclude_none=True) for m in self.messages]
+
+
+# ----- the ooo_spec report ------------------------------------------------------------------
+Outcome = Literal[
+    "hit", "partial", "miss", "no_call", "disabled", "sidecar_error", "sidecar_late"
+]
+
+
+class CandidateReport(BaseModel):
+    source: Literal["sidecar", "history"]
+    name: str
+    arguments: dict[str, Any]
+    valid: bool
+    ready_ms: float
+
+
+class MainReport(BaseModel):
+    steps: int = 0
+    completion_tokens: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    ttft_ms: float = 0.0
+    decode_ms: float = 0.0
+
+
+class ToolResultReport(BaseModel):
+    tool_call_id: str
+    name: str
+    content: str
+    speculative: bool
+    latency_ms: float
+    saved_ms: float
+
+
+class TimingsReport(BaseModel):
+    total: float = 0.0
+    sidecar: float = 0.0
+    main: float = 0.0
+    tools: float = 0.0
+
+
+class OooSpecReport(BaseModel):
+    enabled: bool
+    outcome: Outcome
+    candidates: list[CandidateReport] = Field(default_factory=list)
+    main: MainReport = Field(default_factory=MainReport)
+    tool_results: list[ToolResultReport] = Field(default_factory=list)
+    timings_ms: TimingsReport = Field(default_factory=TimingsReport)

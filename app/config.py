@@ -1,0 +1,158 @@
+"""The one configuration model of ooo-spec.
+
+`configs/local.yaml` (Ray Serve config, `args:`) and the `serveConfigV2` inside the KubeRay
+RayService both validate against `AppConfig`; `deployments.app:build_app(args)` is the only
+place that turns it into deployments. Unknown keys are rejected so a typo never goes silent.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+EMBEDDED_MODEL = "embedded"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class AutoscalingOptions(_Strict):
+    """Serve autoscaling; explicit values so nothing falls back to library defaults."""
+
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int = Field(1, ge=1)
+    target_ongoing_requests: float = Field(4, gt=0)
+    upscale_delay_s: float = Field(10, ge=0)
+    downscale_delay_s: float = Field(120, ge=0)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscalingOptions:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("autoscaling.min_replicas must be <= max_replicas")
+        return self
+
+
+class ActorOptions(_Strict):
+    num_cpus: float = Field(1, ge=0)
+    num_gpus: float = Field(0, ge=0)
+    memory: int | None = Field(None, description="Bytes of memory Ray reserves for the replica.")
+    resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Custom Ray resources, e.g. {'main_pool': 1} to pin to a node group.",
+    )
+    accelerator_type: str | None = None
+
+
+class DeploymentOptions(_Strict):
+    """How one deployment runs on Ray Serve."""
+
+    num_replicas: int = Field(1, ge=1, description="Ignored when `autoscaling` is set.")
+    max_ongoing_requests: int = Field(16, ge=1)
+    autoscaling: AutoscalingOptions | None = None
+    actor: ActorOptions = Field(default_factory=ActorOptions)
+    health_check_period_s: float = Field(10, gt=0)
+    health_check_timeout_s: float = Field(30, gt=0)
+
+    def serve_options(self) -> dict[str, Any]:
+        """Keyword arguments for `Deployment.options(...)`."""
+        actor: dict[str, Any] = {"num_cpus": self.actor.num_cpus}
+        if self.actor.num_gpus:
+            actor["num_gpus"] = self.actor.num_gpus
+        if self.actor.memory:
+            actor["memory"] = self.actor.memory
+        if self.actor.resources:
+            actor["resources"] = dict(self.actor.resources)
+        if self.actor.accelerator_type:
+            actor["accelerator_type"] = self.actor.accelerator_type
+        options: dict[str, Any] = {
+            "max_ongoing_requests": self.max_ongoing_requests,
+            "ray_actor_options": actor,
+            "health_check_period_s": self.health_check_period_s,
+            "health_check_timeout_s": self.health_check_timeout_s,
+        }
+        if self.autoscaling is not None:
+            options["autoscaling_config"] = self.autoscaling.model_dump()
+        else:
+            options["num_replicas"] = self.num_replicas
+        return options
+
+
+class EngineConfig(_Strict):
+    """One vLLM engine (main model or sidecar)."""
+
+    model: str = Field(
+        EMBEDDED_MODEL,
+        description="'embedded' (SmolLM2-135M prepared by `ooo-spec models prepare`), "
+        "a local folder, or a model id already present in the image.",
+    )
+    served_model_name: str = "smollm2-135m-instruct"
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    max_model_len: int = Field(2048, ge=128)
+    max_num_seqs: int = Field(16, ge=1)
+    kv_cache_gib: float = Field(
+        0.5, gt=0, description="KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE)."
+    )
+    gpu_memory_utilization: float = Field(0.85, gt=0, le=1)
+    cpu_bind: str | None = Field(
+        None,
+        description="Cores for the engine's threads (VLLM_CPU_OMP_THREADS_BIND), e.g. '0'. "
+        "None leaves threads to Ray's OMP_NUM_THREADS.",
+    )
+    enforce_eager: bool = True
+    tool_format: Literal["hermes"] = Field(
+        "hermes", description="How the main model writes tool calls (see app/engine/formats)."
+    )
+
+
+class SpeculationConfig(_Strict):
+    num_speculative_tokens: int = Field(16, ge=1, le=64)
+    prompt_lookup_fallback: bool = Field(
+        True, description="Propose from the request's own tokens when no candidate applies."
+    )
+    prompt_lookup_min: int = Field(2, ge=1)
+    prompt_lookup_max: int = Field(4, ge=1)
+    sidecar_timeout_s: float = Field(
+        10.0, gt=0, description="After this the sidecar's answer is ignored (sidecar_late)."
+    )
+
+
+class SidecarConfig(_Strict):
+    enabled: bool = True
+    engine: EngineConfig = Field(default_factory=lambda: EngineConfig(kv_cache_gib=0.5))
+    deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
+    top_k: int = Field(1, ge=1, le=4)
+    max_tokens: int = Field(256, ge=16)
+
+
+class MainConfig(_Strict):
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
+
+
+class RouterConfig(_Strict):
+    deployment: DeploymentOptions = Field(
+        default_factory=lambda: DeploymentOptions(
+            max_ongoing_requests=64, actor=ActorOptions(num_cpus=0)
+        )
+    )
+    max_body_bytes: int = Field(1_000_000, ge=1024)
+    default_max_tokens: int = Field(256, ge=1)
+    request_timeout_s: float = Field(300, gt=0)
+
+
+class AppConfig(_Strict):
+    main: MainConfig = Field(default_factory=MainConfig)
+    sidecar: SidecarConfig = Field(default_factory=SidecarConfig)
+    router: RouterConfig = Field(default_factory=RouterConfig)
+    speculation: SpeculationConfig = Field(default_factory=SpeculationConfig)
+    tools: list[str] = Field(
+        default_factory=lambda: ["app.tools.builtin"],
+        description="Python modules whose decorated functions become server-known tools.",
+    )
+
+
+def load_config(args: dict[str, Any] | None) -> AppConfig:
+    """Validate Serve `args` (or a YAML mapping) into an AppConfig; raises pydantic errors."""
+    return AppConfig.model_validate(args or {})

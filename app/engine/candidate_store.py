@@ -1,0 +1,60 @@
+"""Per-request candidate store shared by the serving thread and the engine's proposer.
+
+Writers: the main-model deployment (when a sidecar/history prediction arrives). Reader: the
+custom proposer, called from the engine step thread. Everything is keyed by the engine's
+internal request id, which is also what the model runner's batch rows carry.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestSpeculation:
+    enabled: bool
+    # Token sequences of the whole expected output (rendered in the main model's format).
+    candidates: list[list[int]] = field(default_factory=list)
+    drafted_tokens: int = 0
+    candidate_drafted_tokens: int = 0
+
+
+class CandidateStore:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._requests: dict[str, RequestSpeculation] = {}
+
+    def open(self, request_id: str, enabled: bool) -> None:
+        with self._lock:
+            self._requests[request_id] = RequestSpeculation(enabled=enabled)
+
+    def add_candidates(self, request_id: str, candidates: list[list[int]]) -> bool:
+        """Attach candidates; False when the request is already gone (finished/aborted)."""
+        with self._lock:
+            entry = self._requests.get(request_id)
+            if entry is None:
+                return False
+            # Newer predictions (sidecar over history) go first: they win ties.
+            entry.candidates = [list(c) for c in candidates] + entry.candidates
+            return True
+
+    def get(self, request_id: str) -> RequestSpeculation | None:
+        with self._lock:
+            return self._requests.get(request_id)
+
+    def record_draft(self, request_id: str, drafted: int, from_candidate: bool) -> None:
+        with self._lock:
+            entry = self._requests.get(request_id)
+            if entry is not None:
+                entry.drafted_tokens += drafted
+                if from_candidate:
+                    entry.candidate_drafted_tokens += drafted
+
+    def close(self, request_id: str) -> RequestSpeculation | None:
+        with self._lock:
+            return self._requests.pop(request_id, None)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._requests)

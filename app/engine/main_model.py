@@ -1,0 +1,275 @@
+"""The main model: prompt rendering, forced tool calls, candidates into the proposer's store.
+
+Library side of the `MainModel` deployment (which only adds Ray plumbing). One request:
+`prepare` (validate against the context, build the prompt and sampling), then `run`, which
+streams events while candidates may arrive at any time through `candidates` (an awaitable).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.api.errors import ApiError
+from app.api.openai_models import CandidateReport, ChatCompletionRequest
+from app.config import AppConfig
+from app.engine.tool_format import (
+    ParsedCall,
+    ParsedOutput,
+    forced_output_schema,
+    parse_forced,
+    parse_free,
+    prepare_messages,
+    render_forced,
+    render_free,
+)
+from app.engine.vllm_engine import GenerationResult, VllmEngine
+from app.spec.prediction import Prediction
+from app.spec.validation import validate_arguments
+
+
+@dataclass
+class PreparedRequest:
+    request: ChatCompletionRequest
+    prompt_token_ids: list[int]
+    sampling: dict[str, Any]
+    mode: str  # 'none' | 'auto' | 'required' | 'named'
+    tools: list[dict[str, Any]]
+    speculate: bool
+
+
+@dataclass
+class CandidateIntake:
+    """What happened to the sidecar's answer inside the main replica."""
+
+    reports: list[CandidateReport] = field(default_factory=list)
+    status: str = "pending"  # pending | received | error | late | none
+    error: str | None = None
+    sidecar_ms: float = 0.0
+    no_call: bool = False
+
+
+class MainModelService:
+    def __init__(self, config: AppConfig) -> None:
+        self.config = config
+        self.engine = VllmEngine(config.main.engine, config.speculation)
+
+    def start(self) -> None:
+        self.engine.start()
+
+    @property
+    def model_name(self) -> str:
+        return self.config.main.engine.served_model_name
+
+    # ----- request preparation ----------------------------------------------------------
+    def prepare(self, request: ChatCompletionRequest) -> PreparedRequest:
+        mode = request.effective_tool_choice
+        tools = request.tool_dicts() if mode != "none" else []
+        messages = prepare_messages(request.message_dicts(), tools or None)
+        prompt_text = self.engine.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+        prompt = list(self.engine.tokenizer.encode(prompt_text, add_special_tokens=False))
+        limit = self.config.main.engine.max_model_len
+        if len(prompt) >= limit:
+            raise ApiError(
+                400,
+                f"the messages take {len(prompt)} tokens, more than the model's context of "
+                f"{limit} tokens; shorten the conversation or the tool list",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        wanted = request.max_completion_tokens or request.max_tokens
+        max_tokens = min(wanted or self.config.router.default_max_tokens, limit - len(prompt))
+        sampling: dict[str, Any] = {
+            "max_tokens": max_tokens,
+            "temperature": 1.0 if request.temperature is None else request.temperature,
+            "top_p": 1.0 if request.top_p is None else request.top_p,
+        }
+        if request.seed is not None:
+            sampling["seed"] = request.seed
+        if request.stop:
+            sampling["stop"] = [request.stop] if isinstance(request.stop, str) else request.stop
+        if mode in ("required", "named"):
+            sampling["structured_json"] = forced_output_schema(
+                tools, request.named_tool, parallel=request.parallel_tool_calls is True
+            )
+        return PreparedRequest(
+            request=request,
+            prompt_token_ids=prompt,
+            sampling=sampling,
+            mode=mode,
+            tools=tools,
+            speculate=request.ooo_spec.enabled and bool(tools),
+        )
+
+    # ----- candidates -------------------------------------------------------------------
+    def render_candidate(self, prepared: PreparedRequest, calls: list[ParsedCall]) -> list[int]:
+        """Token ids of the whole output the main model would write for `calls`."""
+        if prepared.mode in ("required", "named"):
+            text = render_forced(calls, prepared.tools, prepared.request.named_tool)
+        else:
+            text = render_free(calls)
+        ids = list(self.engine.tokenizer.encode(text, add_special_tokens=False))
+        eos = self.engine.eos_token_id
+        # The end of the output is as predictable as the call itself: draft it too.
+        return ids + [eos] if eos is not None else ids
+
+    def intake(
+        self,
+        prepared: PreparedRequest,
+        prediction: Prediction,
+        started: float,
+    ) -> tuple[CandidateIntake, list[list[int]]]:
+        """Validate a prediction's candidates and render the valid ones to token ids."""
+        intake = CandidateIntake(status="received", sidecar_ms=prediction.elapsed_ms)
+        ready_ms = (time.perf_counter() - started) * 1000
+        schemas = {t["function"]["name"]: t["function"].get("parameters") or {}
+                   for t in prepared.tools}
+        rendered: list[list[int]] = []
+        if prediction.error:
+            intake.status = "error"
+            intake.error = prediction.error
+            return intake, rendered
+        intake.no_call = prediction.no_call
+        for group in prediction.candidates:
+            calls = [ParsedCall(c.name, dict(c.arguments)) for c in group]
+            all_valid = True
+            for call in calls:
+                schema = schemas.get(call.name)
+                valid = schema is not None and not validate_arguments(call.arguments, schema)
+                all_valid &= valid
+                intake.reports.append(
+                    CandidateReport(
+                        source=prediction.source,
+                        name=call.name,
+                        arguments=call.arguments,
+                        valid=valid,
+                        ready_ms=ready_ms,
+                    )
+                )
+            if calls and all_valid:
+                if prepared.mode == "named" and calls[0].name != prepared.request.named_tool:
+                    continue
+                rendered.append(self.render_candidate(prepared, calls))
+        return intake, rendered
+
+    # ----- generation ---------------------------------------------------------------------
+    async def run(
+        self,
+        prepared: PreparedRequest,
+        candidates: Awaitable[Prediction] | None,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Events: {'type': 'delta', 'text'} per forward pass, then one {'type': 'final'}."""
+        started = time.perf_counter()
+        intake = CandidateIntake(status="none" if candidates is None else "pending")
+        internal: list[str] = []
+        arrived = asyncio.Event()
+        pending_render: list[list[int]] = []
+
+        async def receive() -> None:
+            nonlocal intake
+            assert candidates is not None
+            try:
+                prediction = await asyncio.wait_for(
+                    candidates, self.config.speculation.sidecar_timeout_s
+                )
+                intake, rendered = self.intake(prepared, prediction, started)
+            except TimeoutError:
+                intake = CandidateIntake(status="late")
+                return
+            except Exception as exc:  # a broken sidecar only means plain decoding
+                intake = CandidateIntake(status="error", error=f"{type(exc).__name__}: {exc}")
+                return
+            pending_render.extend(rendered)
+            arrived.set()
+            if internal and rendered:
+                self.engine.store.add_candidates(internal[0], rendered)
+
+        def on_start(request_id: str) -> None:
+            internal.append(request_id)
+            if pending_render:
+                self.engine.store.add_candidates(request_id, pending_render)
+
+        receiver = asyncio.ensure_future(receive()) if candidates is not None else None
+        sampling = dict(prepared.sampling)
+        tokens: list[int] = []
+        text_parts: list[str] = []
+        steps = 0
+        first: float | None = None
+        last = started
+        finish: str | None = None
+        drafted = 0
+        try:
+            async for delta in self.engine.stream(
+                prepared.prompt_token_ids, sampling, prepared.speculate, on_start
+            ):
+                if delta.token_ids:
+                    steps += 1
+                    tokens.extend(delta.token_ids)
+                    first = first or delta.time
+                    last = delta.time
+                text_parts.append(delta.text)
+                finish = delta.finish_reason or finish
+                if delta.speculation is not None:
+                    drafted = delta.speculation.drafted_tokens
+                if delta.text:
+                    yield {"type": "delta", "text": delta.text}
+        finally:
+            if receiver is not None and not receiver.done():
+                receiver.cancel()
+                if intake.status == "pending":
+                    intake = CandidateIntake(status="late")
+        first = first or last
+        result = GenerationResult(
+            token_ids=tokens,
+            text="".join(text_parts),
+            finish_reason=finish,
+            prompt_tokens=len(prepared.prompt_token_ids),
+            steps=steps,
+            ttft_ms=(first - started) * 1000,
+            decode_ms=(last - first) * 1000,
+            speculation=None,
+        )
+        parsed = self.parse(prepared, result.text)
+        yield {
+            "type": "final",
+            "text": result.text,
+            "content": parsed.content,
+            "calls": [{"name": c.name, "arguments": c.arguments} for c in parsed.calls],
+            "finish_reason": result.finish_reason,
+            "prompt_tokens": result.prompt_tokens,
+            "completion_tokens": len(result.token_ids),
+            "token_ids": result.token_ids,
+            "main": {
+                "steps": result.steps,
+                "completion_tokens": len(result.token_ids),
+                "drafted_tokens": drafted,
+                "accepted_tokens": result.accepted_tokens,
+                "ttft_ms": result.ttft_ms,
+                "decode_ms": result.decode_ms,
+            },
+            "candidates": [r.model_dump() for r in intake.reports],
+            "sidecar": {
+                "status": intake.status,
+                "error": intake.error,
+                "elapsed_ms": intake.sidecar_ms,
+                "no_call": intake.no_call,
+            },
+            "main_ms": (time.perf_counter() - started) * 1000,
+        }
+
+    def parse(self, prepared: PreparedRequest, text: str) -> ParsedOutput:
+        if prepared.mode in ("required", "named"):
+            try:
+                return parse_forced(text, prepared.request.named_tool)
+            except (json.JSONDecodeError, KeyError, TypeError):
+                # Only when max_tokens cut the JSON short: give the text back, no calls.
+                return ParsedOutput(content=text, calls=[])
+        if prepared.mode == "auto":
+            return parse_free(text)
+        return ParsedOutput(content=text, calls=[])

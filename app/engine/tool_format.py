@@ -1,0 +1,195 @@
+"""How the main model sees tools and writes tool calls (the "hermes" format).
+
+Two ways a call is written, and both are what candidates are rendered into:
+- free decoding (`tool_choice: auto`): the model writes
+  `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>` after the project's tool prompt;
+- forced decoding (`required` or a named tool): vLLM structured outputs constrain the whole
+  output to compact JSON — a list of calls for `required`, one call for a named tool. Compact
+  (no optional whitespace) and keys in schema order make the exact text of a call a function of
+  the call alone, so a candidate can be rendered token for token.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+TOOL_CALL_OPEN = "<tool_call>"
+TOOL_CALL_CLOSE = "</tool_call>"
+_TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+
+TOOL_PROMPT = (
+    "You are a function calling AI model. You are provided with function signatures within "
+    "<tools></tools> XML tags. You may call one or more functions to assist with the user "
+    "query. Don't make assumptions about what values to plug into functions. Here are the "
+    "available tools: <tools>\n{tools}\n</tools>\nFor each function call return a json object "
+    "with function name and arguments within <tool_call></tool_call> XML tags as follows:\n"
+    '<tool_call>\n{{"name": <function-name>, "arguments": <args-dict>}}\n</tool_call>'
+)
+
+
+@dataclass
+class ParsedCall:
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass
+class ParsedOutput:
+    content: str | None
+    calls: list[ParsedCall]
+
+
+# ----- prompt ------------------------------------------------------------------------------
+def tool_system_prompt(tools: list[dict[str, Any]]) -> str:
+    listing = "\n".join(json.dumps(t["function"], ensure_ascii=False) for t in tools)
+    return TOOL_PROMPT.format(tools=listing)
+
+
+def prepare_messages(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+) -> list[dict[str, Any]]:
+    """Messages the chat template can take: tools described in the system message, past
+    assistant calls written in the model's format, tool results as `<tool_response>` turns."""
+    out: list[dict[str, Any]] = []
+    for msg in messages:
+        role = msg["role"]
+        content = _text(msg.get("content"))
+        if role == "developer":
+            role = "system"
+        if role == "assistant" and msg.get("tool_calls"):
+            calls = [
+                _call_text(c["function"]["name"], _arguments_obj(c["function"]["arguments"]))
+                for c in msg["tool_calls"]
+            ]
+            content = "\n".join(([content] if content else []) + calls)
+        elif role == "tool":
+            role = "user"
+            content = f"<tool_response>\n{content}\n</tool_response>"
+        out.append({"role": role, "content": content})
+    if tools:
+        prompt = tool_system_prompt(tools)
+        if out and out[0]["role"] == "system":
+            out[0] = {"role": "system", "content": out[0]["content"] + "\n\n" + prompt}
+        else:
+            out.insert(0, {"role": "system", "content": prompt})
+    return out
+
+
+def _text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    # OpenAI content parts: only text parts are meaningful to a text model.
+    return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+
+
+def _arguments_obj(arguments: Any) -> Any:
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError:
+            return arguments
+    return arguments
+
+
+def _call_text(name: str, arguments: Any) -> str:
+    body = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+    return f"{TOOL_CALL_OPEN}\n{body}\n{TOOL_CALL_CLOSE}"
+
+
+# ----- forced decoding ---------------------------------------------------------------------
+def _call_schema(tool: dict[str, Any]) -> dict[str, Any]:
+    fn = tool["function"]
+    params = fn.get("parameters") or {"type": "object", "properties": {}}
+    return {
+        "type": "object",
+        "properties": {"name": {"const": fn["name"]}, "arguments": params},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
+
+
+def forced_output_schema(
+    tools: list[dict[str, Any]], named: str | None, parallel: bool = False
+) -> dict[str, Any]:
+    """JSON schema the main model's output is constrained to when a call is forced.
+
+    Several calls only when the client asked for parallel calls explicitly: small models
+    under a list grammar tend to repeat the same call until `max_tokens`."""
+    if named is not None:
+        tool = next(t for t in tools if t["function"]["name"] == named)
+        return _call_schema(tool)
+    calls = [_call_schema(t) for t in tools]
+    item = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    schema: dict[str, Any] = {"type": "array", "items": item, "minItems": 1}
+    if not parallel:
+        schema["maxItems"] = 1
+    return schema
+
+
+def render_forced(
+    calls: list[ParsedCall], tools: list[dict[str, Any]], named: str | None
+) -> str:
+    """Exact text the main model writes for `calls` under `forced_output_schema`."""
+    by_name = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools}
+    objs = [
+        {"name": c.name, "arguments": order_like_schema(c.arguments, by_name.get(c.name, {}))}
+        for c in calls
+    ]
+    value: Any = objs[0] if named is not None else objs
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def render_free(calls: list[ParsedCall]) -> str:
+    """Text the model writes for `calls` when decoding freely with the tool prompt."""
+    return "\n".join(_call_text(c.name, c.arguments) for c in calls)
+
+
+def order_like_schema(value: Any, schema: dict[str, Any]) -> Any:
+    """Order object keys as the schema lists them (grammar-constrained output does too)."""
+    if isinstance(value, dict):
+        props = schema.get("properties") or {}
+        ordered = {k: order_like_schema(value[k], props.get(k, {})) for k in props if k in value}
+        for k, v in value.items():
+            if k not in ordered:
+                ordered[k] = v
+        return ordered
+    if isinstance(value, list):
+        items = schema.get("items") if isinstance(schema.get("items"), dict) else {}
+        return [order_like_schema(v, items or {}) for v in value]
+    return value
+
+
+def parse_forced(text: str, named: str | None) -> ParsedOutput:
+    data = json.loads(text)
+    items = [data] if named is not None else data
+    return ParsedOutput(
+        content=None,
+        calls=[ParsedCall(name=i["name"], arguments=i.get("arguments") or {}) for i in items],
+    )
+
+
+def parse_free(text: str) -> ParsedOutput:
+    """Split free text into content and `<tool_call>` blocks; malformed blocks stay content."""
+    calls: list[ParsedCall] = []
+    for match in _TOOL_CALL_RE.finditer(text):
+        try:
+            obj = json.loads(match.group(1))
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict) and isinstance(obj.get("name"), str):
+            args = obj.get("arguments", obj.get("parameters", {}))
+            calls.append(ParsedCall(name=obj["name"], arguments=_arguments_obj(args) or {}))
+    if not calls:
+        return ParsedOutput(content=text, calls=[])
+    content = text[: text.find(TOOL_CALL_OPEN)].strip()
+    return ParsedOutput(content=content or None, calls=calls)
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"

@@ -1,0 +1,329 @@
+"""A vLLM engine driven in-process by one step-loop thread, with an asyncio face.
+
+Why not `AsyncLLM`: it always runs the engine core (and with it the model runner and our
+proposer) in a child process, so candidates arriving in the Serve replica would need an IPC
+channel plus a row-to-request map. An in-process `LLMEngine` stepped from a thread shares
+memory with the replica: the proposer reads the same `CandidateStore` object the replica writes,
+and each step's outputs are exactly one forward pass, which is what `main.steps` counts.
+The engine is only touched from its own thread; callers talk to it through a command queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from app.config import EngineConfig, SpeculationConfig
+from app.engine.candidate_store import CandidateStore, RequestSpeculation
+from app.engine.embedded_model import resolve_model_path
+
+logger = logging.getLogger(__name__)
+
+PROPOSER_CLASS = "app.engine.candidate_proposer.CandidateProposer"
+
+
+@dataclass
+class StepDelta:
+    """What one forward pass produced for one request."""
+
+    token_ids: list[int]
+    text: str
+    finished: bool
+    finish_reason: str | None
+    time: float
+    # Set on the last delta: what the proposer drafted for this request.
+    speculation: RequestSpeculation | None = None
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+    prompt_tokens: int
+    steps: int
+    ttft_ms: float
+    decode_ms: float
+    speculation: RequestSpeculation | None
+
+    @property
+    def accepted_tokens(self) -> int:
+        # Every forward pass commits one sampled token plus the drafts it accepted.
+        return max(0, len(self.token_ids) - self.steps)
+
+
+class EngineError(RuntimeError):
+    pass
+
+
+def _set_engine_env(cfg: EngineConfig) -> None:
+    # Read by vLLM at import/engine-build time, so they must be set before either.
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.kv_cache_gib))))
+    if cfg.kv_cache_gib < 1:
+        # VLLM_CPU_KVCACHE_SPACE takes whole GiB; smaller caches go through kv_cache_memory.
+        os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    if cfg.cpu_bind:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cfg.cpu_bind
+    else:
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+class VllmEngine:
+    """One vLLM engine. `speculation` set = main model with the candidate proposer."""
+
+    def __init__(self, cfg: EngineConfig, speculation: SpeculationConfig | None = None) -> None:
+        self.cfg = cfg
+        self.speculation = speculation
+        self.store = CandidateStore()
+        self._commands: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[Any]]] = {}
+        self._ids = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._stopped = threading.Event()
+        self._fatal: BaseException | None = None
+        self.engine: Any = None
+        self.tokenizer: Any = None
+        self.model_path = ""
+
+    # ----- lifecycle -------------------------------------------------------------------
+    def start(self) -> None:
+        """Build the engine (blocking, seconds) and start the step thread."""
+        _set_engine_env(self.cfg)
+        from vllm import EngineArgs
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        self.model_path = resolve_model_path(self.cfg.model)
+        kwargs: dict[str, Any] = {
+            "model": self.model_path,
+            "served_model_name": self.cfg.served_model_name,
+            "dtype": self.cfg.dtype,
+            "max_model_len": self.cfg.max_model_len,
+            "max_num_seqs": self.cfg.max_num_seqs,
+            "enforce_eager": self.cfg.enforce_eager,
+            "enable_prefix_caching": True,
+            "disable_log_stats": True,
+            # Compact JSON under structured outputs (vLLM reads this engine-wide, not per
+            # request): the exact text of a forced call is then a function of the call alone,
+            # which is what lets a candidate be rendered token for token.
+            "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
+        }
+        if self.cfg.kv_cache_gib < 1:
+            kwargs["kv_cache_memory_bytes"] = int(self.cfg.kv_cache_gib * (1 << 30))
+        if self.speculation is not None:
+            kwargs["speculative_config"] = {
+                "method": "custom_class",
+                "model": PROPOSER_CLASS,
+                "num_speculative_tokens": self.speculation.num_speculative_tokens,
+            }
+        self.engine = LLMEngine.from_engine_args(EngineArgs(**kwargs))
+        self.tokenizer = self.engine.get_tokenizer()
+        if self.speculation is not None:
+            from app.engine.candidate_proposer import bind_proposer
+
+            bound = self.engine.collective_rpc(
+                bind_proposer,
+                args=(
+                    self.store,
+                    self.speculation.prompt_lookup_fallback,
+                    self.speculation.prompt_lookup_min,
+                    self.speculation.prompt_lookup_max,
+                ),
+            )
+            if not all(bound):
+                raise EngineError("the candidate proposer is not reachable in-process")
+        self._thread = threading.Thread(target=self._loop, name="vllm-step-loop", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._commands.put(("wake", None))
+
+    @property
+    def healthy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self._fatal is None
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return getattr(self.tokenizer, "eos_token_id", None)
+
+    def num_unfinished(self) -> int:
+        """Requests the engine still holds (engine's own count), for leak checks."""
+        return int(self.engine.get_num_unfinished_requests()) if self.engine else 0
+
+    # ----- step loop (engine thread only) ------------------------------------------------
+    def _loop(self) -> None:
+        try:
+            while not self._stopped.is_set():
+                busy = self.engine.has_unfinished_requests()
+                self._drain_commands(block=not busy)
+                if not self.engine.has_unfinished_requests():
+                    continue
+                outputs = self.engine.step()
+                now = time.perf_counter()
+                for out in outputs:
+                    self._deliver(out, now)
+        except BaseException as exc:  # the engine is unusable: fail every waiter clearly
+            logger.exception("vLLM step loop died")
+            self._fatal = exc
+            for loop, q in list(self._streams.values()):
+                loop.call_soon_threadsafe(q.put_nowait, EngineError(f"engine failed: {exc}"))
+            self._streams.clear()
+
+    def _drain_commands(self, block: bool) -> None:
+        try:
+            cmd, arg = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            if cmd == "add":
+                request_id, prompt, params, reply = arg
+                try:
+                    internal = self.engine.add_request(
+                        request_id, {"prompt_token_ids": prompt}, params
+                    )
+                    reply(internal, None)
+                except Exception as exc:  # bad params: tell the caller, keep serving
+                    reply(None, exc)
+            elif cmd == "abort":
+                self.engine.abort_request([arg])
+            try:
+                cmd, arg = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _deliver(self, out: Any, now: float) -> None:
+        stream = self._streams.get(out.request_id)
+        if stream is None:
+            return
+        completion = out.outputs[0]
+        delta = StepDelta(
+            token_ids=list(completion.token_ids),
+            text=completion.text,
+            finished=bool(out.finished),
+            finish_reason=completion.finish_reason,
+            time=now,
+        )
+        loop, q = stream
+        loop.call_soon_threadsafe(q.put_nowait, delta)
+        if out.finished:
+            self._streams.pop(out.request_id, None)
+
+    # ----- public async API --------------------------------------------------------------
+    async def stream(
+        self,
+        prompt_token_ids: list[int],
+        sampling: dict[str, Any],
+        speculate: bool = False,
+        on_start: Any = None,
+    ) -> AsyncIterator[StepDelta]:
+        """Yield one `StepDelta` per forward pass that produced tokens for this request.
+
+        `on_start(internal_request_id)` runs once the engine has the request (the id the
+        candidate store and proposer use). Cancelling the iterator aborts the request.
+        """
+        if self._fatal is not None or self.engine is None:
+            raise EngineError("engine is not running")
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+
+        options = dict(sampling)
+        schema = options.pop("structured_json", None)
+        if schema is not None:
+            options["structured_outputs"] = StructuredOutputsParams(json=schema)
+        params = SamplingParams(**options, output_kind=RequestOutputKind.DELTA)
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue[Any] = asyncio.Queue()
+        added: asyncio.Future[str] = loop.create_future()
+
+        def reply(internal: str | None, exc: Exception | None) -> None:
+            def settle() -> None:
+                if added.done():
+                    return
+                if exc is not None:
+                    added.set_exception(exc)
+                else:
+                    added.set_result(internal or "")
+
+            loop.call_soon_threadsafe(settle)
+
+        external_id = f"req-{next(self._ids)}"
+        internal_id: str | None = None
+        try:
+            # Outputs come back under the external id; the model runner (and so the proposer
+            # and the store) sees the internal one. Both are registered on the engine thread
+            # right after the add, before the first step can run.
+            def reply_and_register(internal: str | None, exc: Exception | None) -> None:
+                if internal is not None:
+                    self._streams[external_id] = (loop, q)
+                    self.store.open(internal, enabled=speculate)
+                reply(internal, exc)
+
+            self._commands.put(
+                ("add", (external_id, prompt_token_ids, params, reply_and_register))
+            )
+            internal_id = await added
+            if on_start is not None:
+                on_start(internal_id)
+            while True:
+                item = await q.get()
+                if isinstance(item, Exception):
+                    raise item
+                if item.finished:
+                    item.speculation = self.store.close(internal_id)
+                    internal_id = None
+                    yield item
+                    return
+                yield item
+        finally:
+            if internal_id is not None:
+                self._streams.pop(external_id, None)
+                self.store.close(internal_id)
+                self._commands.put(("abort", external_id))
+
+    async def generate(
+        self,
+        prompt_token_ids: list[int],
+        sampling: dict[str, Any],
+        speculate: bool = False,
+        on_start: Any = None,
+    ) -> GenerationResult:
+        start = time.perf_counter()
+        tokens: list[int] = []
+        text: list[str] = []
+        steps = 0
+        first: float | None = None
+        last = start
+        finish: str | None = None
+        spec: RequestSpeculation | None = None
+        async for delta in self.stream(prompt_token_ids, sampling, speculate, on_start):
+            if delta.token_ids:
+                steps += 1
+                tokens.extend(delta.token_ids)
+                if first is None:
+                    first = delta.time
+                last = delta.time
+            text.append(delta.text)
+            finish = delta.finish_reason or finish
+            spec = delta.speculation or spec
+        first = first or last
+        return GenerationResult(
+            token_ids=tokens,
+            text="".join(text),
+            finish_reason=finish,
+            prompt_tokens=len(prompt_token_ids),
+            steps=steps,
+            ttft_ms=(first - start) * 1000,
+            decode_ms=(last - first) * 1000,
+            speculation=spec,
+        )

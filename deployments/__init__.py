@@ -1,0 +1,1 @@
+"""Ray Serve glue: each deployment wraps one library service from `app/`."""

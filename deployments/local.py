@@ -1,0 +1,99 @@
+"""Run the app on a local Ray (no cluster): used by `ooo-spec serve` and the test fixtures.
+
+Reads a Ray Serve config file (the same schema KubeRay's serveConfigV2 takes), starts Ray with
+the cores this machine has, starts Serve's HTTP proxy on the configured host/port and deploys
+the application from its `import_path` and `args`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+READY_TIMEOUT_S = 600
+
+
+def load_serve_config(path: str | Path) -> dict[str, Any]:
+    with open(path) as f:
+        data = yaml.safe_load(f)
+    if not isinstance(data, dict) or not data.get("applications"):
+        raise ValueError(f"{path}: not a Ray Serve config (no 'applications')")
+    return data
+
+
+def base_url(serve_config: dict[str, Any]) -> str:
+    http = serve_config.get("http_options") or {}
+    return f"http://{http.get('host', '127.0.0.1')}:{http.get('port', 8000)}"
+
+
+def start(serve_config: dict[str, Any], num_cpus: int | None = None) -> str:
+    """Deploy every application of the config; return the base URL once /healthz answers."""
+    import ray
+    from ray import serve
+
+    # Replicas import `app`/`deployments` from the working tree, like `serve run` does.
+    root = str(Path(__file__).resolve().parent.parent)
+    if not ray.is_initialized():
+        ray.init(
+            num_cpus=num_cpus or os.cpu_count() or 2,
+            include_dashboard=False,
+            runtime_env={"env_vars": _replica_env(root)},
+            log_to_driver=os.environ.get("OOO_SPEC_RAY_LOGS", "0") == "1",
+        )
+    http = serve_config.get("http_options") or {}
+    serve.start(http_options={"host": http.get("host", "127.0.0.1"),
+                              "port": int(http.get("port", 8000))},
+                proxy_location=serve_config.get("proxy_location", "HeadOnly"))
+    for spec in serve_config["applications"]:
+        module, _, attr = spec["import_path"].partition(":")
+        builder = getattr(importlib.import_module(module), attr)
+        application = builder(spec.get("args") or {})
+        serve.run(application, name=spec.get("name", "default"),
+                  route_prefix=spec.get("route_prefix", "/"), blocking=False)
+    url = base_url(serve_config)
+    wait_ready(url)
+    return url
+
+
+def _replica_env(root: str) -> dict[str, str]:
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    for key in ("OOO_SPEC_HOME", "XDG_CACHE_HOME", "HF_HUB_OFFLINE"):
+        if key in os.environ:
+            env[key] = os.environ[key]
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    return env
+
+
+def wait_ready(url: str, timeout_s: float = READY_TIMEOUT_S) -> None:
+    from ray import serve
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = serve.status()
+        apps = list(status.applications.values())
+        if any(str(a.status).endswith("DEPLOY_FAILED") for a in apps):
+            raise RuntimeError(f"deployment failed: {[a.message for a in apps]}")
+        if apps and all(str(a.status).endswith("RUNNING") for a in apps):
+            try:
+                if httpx.get(f"{url}/healthz", timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+        time.sleep(1)
+    raise TimeoutError(f"the app was not ready after {timeout_s:.0f} s")
+
+
+def stop() -> None:
+    import ray
+    from ray import serve
+
+    try:
+        serve.shutdown()
+    finally:
+        ray.shutdown()
