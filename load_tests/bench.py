@@ -1,0 +1,692 @@
+"""Benchmark harness behind `ooo-spec bench`: the same cases, several decoding modes, one server.
+
+A *mode* is a name plus the request extras that select it (`plain` = `ooo_spec.enabled: false`,
+the baseline; `ooo` = speculation on). Modes live in `MODES`; add one with `register_mode`.
+
+Requests are interleaved case by case: for each case every mode runs once, and the order of
+the modes rotates from one case to the next, so no mode always goes first (cold caches, a
+neighbour's load spike) or last. `--warmup N` requests per mode run before, and are kept in the
+JSON output but left out of every statistic.
+
+Each request is one `openai` client call (the real SDK, `extra_body` carrying `ooo_spec`); the
+`ooo_spec` report is read from the parsed response's extra fields. A request either gives a
+`Record` with the server's numbers, or a `Record` with `error` set; each has a timeout, and
+the run aborts after `max_consecutive_errors` failures in a row or when `max_duration_s` is
+spent, so it always ends by itself.
+
+The statistics (`summarize`) are pure functions of the records: `report.py` prints and plots
+them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from app.spec.canonical import Invocation
+from load_tests.bfcl import CORE_CATEGORIES, SUPPORTED_CATEGORIES, BfclCase, load_bfcl, score_calls
+
+DEFAULT_BASE_URL = "http://127.0.0.1:8000"
+BASELINE = "plain"
+PARALLEL_CATEGORIES = frozenset(c for c in SUPPORTED_CATEGORIES if "parallel" in c)
+
+
+# ---------------------------------------------------------------- modes
+
+
+@dataclass(frozen=True)
+class Mode:
+    """A decoding mode: the extra request body (merged into `extra_body`) that selects it."""
+
+    name: str
+    extra_body: Mapping[str, Any]
+    description: str = ""
+
+
+MODES: dict[str, Mode] = {}
+
+
+def register_mode(name: str, extra_body: Mapping[str, Any], description: str = "") -> Mode:
+    """Add (or replace) a mode; `--modes` then accepts `name`."""
+    if not name or "," in name or name != name.strip():
+        raise ValueError(f"bad mode name {name!r}")
+    mode = Mode(name, dict(extra_body), description)
+    MODES[name] = mode
+    return mode
+
+
+register_mode(BASELINE, {"ooo_spec": {"enabled": False}}, "plain decoding (the baseline)")
+register_mode("ooo", {"ooo_spec": {"enabled": True}}, "out-of-order semantic speculation")
+
+
+def parse_modes(spec: str) -> list[Mode]:
+    """`"plain,ooo"` -> the registered modes, in that order (no duplicates)."""
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    if not names:
+        raise ValueError("no mode given")
+    unknown = [n for n in names if n not in MODES]
+    if unknown:
+        raise ValueError(
+            f"unknown mode(s) {', '.join(unknown)}; known: {', '.join(MODES)}"
+        )
+    if len(set(names)) != len(names):
+        raise ValueError(f"mode listed twice in {spec!r}")
+    return [MODES[n] for n in names]
+
+
+def mode_order(modes: Sequence[Mode], index: int) -> list[Mode]:
+    """The modes for the `index`-th case, rotated by `index` (cancels warm/cold bias)."""
+    if not modes:
+        return []
+    shift = index % len(modes)
+    return [*modes[shift:], *modes[:shift]]
+
+
+# ---------------------------------------------------------------- datasets
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    source: str
+    category: str
+
+    def __str__(self) -> str:
+        return f"{self.source}:{self.category}"
+
+
+DATASET_SOURCES = ("bfcl",)
+# Shorthands for several categories at once.
+BFCL_GROUPS: dict[str, tuple[str, ...]] = {"core": CORE_CATEGORIES}
+
+
+def parse_dataset_spec(spec: str) -> list[DatasetSpec]:
+    """`"bfcl:simple_python,multiple"` or `"bfcl:simple_python,bfcl:parallel"` -> specs.
+
+    An item without `source:` takes the source of the item before it; `bfcl:core` means the
+    four core categories. Duplicates are dropped, order kept.
+    """
+    out: list[DatasetSpec] = []
+    source: str | None = None
+    for raw in spec.split(","):
+        item = raw.strip()
+        if not item:
+            continue
+        if ":" in item:
+            source, _, category = item.partition(":")
+            source, category = source.strip(), category.strip()
+        else:
+            category = item
+        if source is None:
+            raise ValueError(f"dataset {item!r} has no source; write e.g. bfcl:{item}")
+        if source not in DATASET_SOURCES:
+            raise ValueError(
+                f"unknown dataset source {source!r}; known: {', '.join(DATASET_SOURCES)}"
+            )
+        categories = BFCL_GROUPS.get(category, (category,))
+        for name in categories:
+            if name not in SUPPORTED_CATEGORIES:
+                raise ValueError(
+                    f"BFCL category {name!r} is not supported; use one of "
+                    + ", ".join((*SUPPORTED_CATEGORIES, *BFCL_GROUPS))
+                )
+            entry = DatasetSpec(source, name)
+            if entry not in out:
+                out.append(entry)
+    if not out:
+        raise ValueError("no dataset given")
+    return out
+
+
+def load_cases(specs: Iterable[DatasetSpec], limit: int | None) -> list[BfclCase]:
+    cases: list[BfclCase] = []
+    for spec in specs:
+        cases += load_bfcl(spec.category, limit)
+    return cases
+
+
+# ---------------------------------------------------------------- requests and records
+
+
+@dataclass
+class RequestSettings:
+    model: str
+    max_tokens: int = 256
+    temperature: float = 0.0
+    tool_choice: str = "required"
+
+
+def build_request(case: BfclCase, mode: Mode, settings: RequestSettings) -> dict[str, Any]:
+    """Keyword arguments of `client.chat.completions.create` for one case in one mode."""
+    kwargs: dict[str, Any] = {
+        "model": settings.model,
+        "messages": case.messages,
+        "tools": case.tools,
+        "tool_choice": settings.tool_choice,
+        "temperature": settings.temperature,
+        "max_tokens": settings.max_tokens,
+        "extra_body": json.loads(json.dumps(mode.extra_body)),  # a private copy
+    }
+    if case.category in PARALLEL_CATEGORIES:
+        kwargs["parallel_tool_calls"] = True
+    return kwargs
+
+
+@dataclass
+class Record:
+    """One request: what was sent (case, mode) and what came back."""
+
+    case_id: str
+    category: str
+    mode: str
+    position: int  # place of this mode in the case's rotated order (0 = first)
+    warmup: bool = False
+    error: str | None = None
+    e2e_ms: float = 0.0
+    outcome: str | None = None
+    steps: int | None = None
+    completion_tokens: int | None = None
+    drafted_tokens: int | None = None
+    accepted_tokens: int | None = None
+    ttft_ms: float | None = None
+    decode_ms: float | None = None
+    sidecar_ms: float | None = None
+    server_total_ms: float | None = None
+    candidate_ready_ms: float | None = None  # first candidate
+    candidates: int = 0
+    finish_reason: str | None = None
+    content: str | None = None
+    tool_calls: list[dict[str, str]] = field(default_factory=list)  # {name, arguments (JSON)}
+    correct: bool | None = None
+    identical_to_plain: bool | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def output(self) -> tuple[str | None, tuple[tuple[str, str], ...]]:
+        """What must equal the plain run's: the content and the calls, byte for byte."""
+        return self.content, tuple((c["name"], c["arguments"]) for c in self.tool_calls)
+
+
+def _extras(response: Any) -> dict[str, Any]:
+    extra = getattr(response, "model_extra", None) or {}
+    report = extra.get("ooo_spec")
+    if report is None:
+        report = getattr(response, "ooo_spec", None)
+    return report if isinstance(report, dict) else {}
+
+
+def record_from_response(
+    response: Any, case: BfclCase, mode: str, position: int, e2e_ms: float, warmup: bool = False
+) -> Record:
+    """A `Record` from a parsed `ChatCompletion` (with its `ooo_spec` extra)."""
+    report = _extras(response)
+    main = report.get("main") or {}
+    timings = report.get("timings_ms") or {}
+    candidates = report.get("candidates") or []
+    choice = response.choices[0]
+    message = choice.message
+    calls = [
+        {"name": c.function.name, "arguments": c.function.arguments}
+        for c in (message.tool_calls or [])
+    ]
+    usage = getattr(response, "usage", None)
+    completion_tokens = main.get("completion_tokens")
+    if completion_tokens is None and usage is not None:
+        completion_tokens = usage.completion_tokens
+    return Record(
+        case_id=case.id,
+        category=case.category,
+        mode=mode,
+        position=position,
+        warmup=warmup,
+        e2e_ms=e2e_ms,
+        outcome=report.get("outcome"),
+        steps=main.get("steps"),
+        completion_tokens=completion_tokens,
+        drafted_tokens=main.get("drafted_tokens"),
+        accepted_tokens=main.get("accepted_tokens"),
+        ttft_ms=main.get("ttft_ms"),
+        decode_ms=main.get("decode_ms"),
+        sidecar_ms=timings.get("sidecar"),
+        server_total_ms=timings.get("total"),
+        candidate_ready_ms=candidates[0].get("ready_ms") if candidates else None,
+        candidates=len(candidates),
+        finish_reason=choice.finish_reason,
+        content=message.content,
+        tool_calls=calls,
+        correct=score_output(calls, case),
+    )
+
+
+def score_output(calls: Sequence[Mapping[str, str]], case: BfclCase) -> bool:
+    """BFCL correctness of the committed calls; unparsable arguments count as wrong."""
+    invocations: list[Invocation] = []
+    for call in calls:
+        try:
+            arguments = json.loads(call["arguments"] or "{}")
+        except (TypeError, ValueError):
+            return False
+        if not isinstance(arguments, dict):
+            return False
+        invocations.append(Invocation(name=call["name"], arguments=arguments))
+    return score_calls(invocations, case)
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line: HTTP status and the server's message when there is one."""
+    status = getattr(exc, "status_code", None)
+    body = getattr(exc, "body", None)
+    message = None
+    if isinstance(body, dict):
+        error = body.get("error", body)
+        message = error.get("message") if isinstance(error, dict) else str(error)
+    text = message or str(exc) or type(exc).__name__
+    prefix = f"HTTP {status}: " if status is not None else f"{type(exc).__name__}: "
+    return prefix + text
+
+
+def mark_identity(records: Sequence[Record], baseline: str = BASELINE) -> None:
+    """Set `identical_to_plain` on every successful record whose case has a successful
+    baseline run (warm-ups excluded); the baseline's own records are identical by definition."""
+    reference = {
+        r.case_id: r.output() for r in records if r.mode == baseline and r.ok and not r.warmup
+    }
+    for r in records:
+        if r.warmup or not r.ok or r.case_id not in reference:
+            r.identical_to_plain = None
+        else:
+            r.identical_to_plain = r.output() == reference[r.case_id]
+
+
+# ---------------------------------------------------------------- the run
+
+
+class BenchAborted(RuntimeError):
+    pass
+
+
+@dataclass
+class RunLimits:
+    request_timeout_s: float = 120.0
+    max_duration_s: float = 3600.0
+    max_consecutive_errors: int = 10
+
+
+def run_bench(
+    client: Any,
+    cases: Sequence[BfclCase],
+    modes: Sequence[Mode],
+    settings: RequestSettings,
+    warmup: int = 2,
+    limits: RunLimits | None = None,
+    progress: Callable[[Record], None] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> tuple[list[Record], str | None]:
+    """Run every case in every mode, interleaved and rotated; return (records, stop reason).
+
+    `client` is an `openai.OpenAI` (or anything with `.chat.completions.create(**kwargs)`).
+    The stop reason is None when every request was sent.
+    """
+    limits = limits or RunLimits()
+    records: list[Record] = []
+    started = clock()
+    consecutive_errors = 0
+    plan: list[tuple[BfclCase, Mode, int, bool]] = []
+    if cases:
+        for i in range(warmup):
+            case = cases[i % len(cases)]
+            plan += [(case, m, p, True) for p, m in enumerate(mode_order(modes, i))]
+    for i, case in enumerate(cases):
+        plan += [(case, m, p, False) for p, m in enumerate(mode_order(modes, i))]
+
+    stop_reason: str | None = None
+    for case, mode, position, is_warmup in plan:
+        if clock() - started > limits.max_duration_s:
+            stop_reason = f"time budget of {limits.max_duration_s:.0f} s spent"
+            break
+        kwargs = build_request(case, mode, settings)
+        t0 = clock()
+        try:
+            response = client.chat.completions.create(timeout=limits.request_timeout_s, **kwargs)
+            record = record_from_response(
+                response, case, mode.name, position, (clock() - t0) * 1000, is_warmup
+            )
+            consecutive_errors = 0
+        except KeyboardInterrupt:
+            stop_reason = "interrupted"  # keep (and report) what was measured so far
+            break
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a record
+            record = Record(case.id, case.category, mode.name, position, is_warmup,
+                            error=describe_error(exc), e2e_ms=(clock() - t0) * 1000)
+            consecutive_errors += 1
+        records.append(record)
+        if progress is not None:
+            progress(record)
+        if consecutive_errors >= limits.max_consecutive_errors:
+            stop_reason = (
+                f"{consecutive_errors} failed requests in a row; last: {record.error}"
+            )
+            break
+    mark_identity(records)
+    return records, stop_reason
+
+
+# ---------------------------------------------------------------- statistics
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0..100), linear interpolation between closest ranks (numpy's
+    default); None for no values."""
+    data = sorted(values)
+    if not data:
+        return None
+    if len(data) == 1:
+        return float(data[0])
+    rank = (len(data) - 1) * q / 100
+    low, high = math.floor(rank), math.ceil(rank)
+    return float(data[low] + (data[high] - data[low]) * (rank - low))
+
+
+def median(values: Iterable[float | None]) -> float | None:
+    data = [v for v in values if v is not None]
+    return float(statistics.median(data)) if data else None
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or denominator is None or denominator == 0:
+        return None
+    return numerator / denominator
+
+
+def share(flags: Iterable[bool | None]) -> float | None:
+    data = [bool(f) for f in flags if f is not None]
+    return sum(data) / len(data) if data else None
+
+
+def mode_summary(records: Sequence[Record]) -> dict[str, Any]:
+    """Statistics of one mode's measured (non-warm-up) records."""
+    measured = [r for r in records if not r.warmup]
+    ok = [r for r in measured if r.ok]
+    hits = [r for r in ok if r.outcome == "hit"]
+    e2e = [r.e2e_ms for r in ok]
+    total_steps = sum(r.steps or 0 for r in ok)
+    return {
+        "n": len(ok),
+        "errors": len(measured) - len(ok),
+        "error_messages": dict(Counter(r.error for r in measured if r.error)),
+        "hit_rate": len(hits) / len(ok) if ok else None,
+        "outcomes": dict(Counter(r.outcome or "?" for r in ok).most_common()),
+        "e2e_ms_p50": percentile(e2e, 50),
+        "e2e_ms_p95": percentile(e2e, 95),
+        "e2e_ms_mean": statistics.fmean(e2e) if e2e else None,
+        "steps_median": median(r.steps for r in ok),
+        "steps_median_on_hits": median(r.steps for r in hits),
+        "accepted_per_step": (
+            sum(r.accepted_tokens or 0 for r in ok) / total_steps if total_steps else None
+        ),
+        "tokens_per_step": (
+            sum(r.completion_tokens or 0 for r in ok) / total_steps if total_steps else None
+        ),
+        "decode_ms_median": median(r.decode_ms for r in ok),
+        "ttft_ms_median": median(r.ttft_ms for r in ok),
+        "sidecar_ms_median": median(r.sidecar_ms for r in ok if r.sidecar_ms),
+        "candidate_ready_ms_median": median(r.candidate_ready_ms for r in ok),
+        "accuracy": share(r.correct for r in ok),
+        "identical_to_plain": share(r.identical_to_plain for r in ok),
+    }
+
+
+def _paired(
+    base: Mapping[str, Record], other: Sequence[Record], attr: str
+) -> list[tuple[float, float]]:
+    pairs = []
+    for r in other:
+        b = base.get(r.case_id)
+        if b is None:
+            continue
+        x, y = getattr(b, attr), getattr(r, attr)
+        if x is not None and y is not None:
+            pairs.append((float(x), float(y)))
+    return pairs
+
+
+def paired_ratio_median(pairs: Sequence[tuple[float, float]]) -> float | None:
+    """Median over cases of baseline / mode (cases where the mode value is 0 are skipped)."""
+    return median(b / m for b, m in pairs if m)
+
+
+def versus_baseline(
+    baseline: Sequence[Record], records: Sequence[Record]
+) -> dict[str, Any]:
+    """Speed-ups of one mode over the baseline: ratios are baseline / mode (>1 = faster)."""
+    base = {r.case_id: r for r in baseline if r.ok and not r.warmup}
+    ok = [r for r in records if r.ok and not r.warmup]
+    hits = [r for r in ok if r.outcome == "hit"]
+    base_decode = median(r.decode_ms for r in base.values())
+    mode_decode = median(r.decode_ms for r in ok)
+    ready = median(r.candidate_ready_ms for r in ok)
+    hit_steps = _paired(base, hits, "steps")
+    return {
+        "steps_ratio": ratio(median(r.steps for r in base.values()), median(r.steps for r in ok)),
+        "steps_ratio_on_hits": ratio(median(b for b, _ in hit_steps),
+                                     median(m for _, m in hit_steps)),
+        "steps_ratio_paired_median": paired_ratio_median(_paired(base, ok, "steps")),
+        "decode_ratio": ratio(base_decode, mode_decode),
+        "decode_ratio_paired_median": paired_ratio_median(_paired(base, ok, "decode_ms")),
+        "e2e_ratio": ratio(median(r.e2e_ms for r in base.values()), median(r.e2e_ms for r in ok)),
+        "e2e_ratio_paired_median": paired_ratio_median(_paired(base, ok, "e2e_ms")),
+        "candidate_ready_ms_median": ready,
+        "plain_decode_ms_median": base_decode,
+        "candidate_ready_vs_plain_decode": ratio(ready, base_decode),
+        "paired_cases": len(_paired(base, ok, "e2e_ms")),
+    }
+
+
+def summarize(
+    records: Sequence[Record], modes: Sequence[str], baseline: str = BASELINE
+) -> dict[str, Any]:
+    by_mode = {m: [r for r in records if r.mode == m] for m in modes}
+    summary: dict[str, Any] = {"modes": {m: mode_summary(rs) for m, rs in by_mode.items()}}
+    if baseline in by_mode:
+        summary["vs_" + baseline] = {
+            m: versus_baseline(by_mode[baseline], rs)
+            for m, rs in by_mode.items()
+            if m != baseline
+        }
+    return summary
+
+
+def records_as_dicts(records: Sequence[Record]) -> list[dict[str, Any]]:
+    return [asdict(r) for r in records]
+
+
+# ---------------------------------------------------------------- the command
+
+
+class BenchError(Exception):
+    """A problem the user can fix (bad flag, unreachable server): printed as one line."""
+
+
+def _git_commit() -> str | None:
+    import subprocess
+    from pathlib import Path
+
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
+            cwd=Path(__file__).resolve().parent, check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None
+
+
+def served_model(base_url: str, timeout_s: float = 10.0) -> str:
+    """The first model id the server lists under /v1/models."""
+    import httpx
+
+    try:
+        reply = httpx.get(f"{base_url}/v1/models", timeout=timeout_s)
+        reply.raise_for_status()
+        return str(reply.json()["data"][0]["id"])
+    except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
+        raise BenchError(
+            f"cannot list models at {base_url}/v1/models ({type(exc).__name__}: {exc}); "
+            "is the server running? (or use --start)"
+        ) from None
+
+
+def run_command(args: Any, say: Callable[[str], None]) -> int:
+    """`ooo-spec bench`: see `app.cli.add_bench_command` for the flags."""
+    from datetime import datetime
+    from pathlib import Path
+
+    from load_tests import report
+
+    try:
+        modes = parse_modes(args.modes)
+        specs = parse_dataset_spec(args.dataset)
+    except ValueError as exc:
+        raise BenchError(str(exc)) from None
+    if args.limit is not None and args.limit < 1:
+        raise BenchError("--limit must be at least 1")
+    if args.warmup < 0:
+        raise BenchError("--warmup must not be negative")
+    cases = load_cases(specs, args.limit)
+    if not cases:
+        raise BenchError(f"dataset {args.dataset} has no cases")
+    say(f"ooo-spec bench: {len(cases)} cases from {', '.join(map(str, specs))}; "
+        f"modes {', '.join(m.name for m in modes)}; warm-up {args.warmup} per mode")
+
+    started_server = False
+    try:
+        if args.start:
+            from deployments import local
+
+            config = local.load_serve_config(args.config)
+            if args.port is not None:
+                config.setdefault("http_options", {})["port"] = args.port
+            say(f"ooo-spec bench: starting the app from {args.config} "
+                f"on port {(config.get('http_options') or {}).get('port', 8000)} ...")
+            t0 = time.monotonic()
+            started_server = True
+            base_url = local.start(config)
+            say(f"ooo-spec bench: app ready in {time.monotonic() - t0:.0f} s at {base_url}")
+        else:
+            base_url = args.base_url or (
+                f"http://127.0.0.1:{args.port}" if args.port is not None else DEFAULT_BASE_URL
+            )
+        base_url = base_url.rstrip("/")
+        if base_url.endswith("/v1"):
+            base_url = base_url[: -len("/v1")]
+        model = args.model or served_model(base_url)
+        records, stop_reason, elapsed = _measure(args, cases, modes, base_url, model)
+    finally:
+        if started_server:
+            say("ooo-spec bench: stopping the app")
+            from deployments import local
+
+            local.stop()
+
+    names = [m.name for m in modes]
+    summary = summarize(records, names)
+    print(format_header(args, base_url, model, len(cases), elapsed, stop_reason))
+    print(report.format_summary(summary, BASELINE))
+
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    out_dir = Path(args.out)
+    payload = {
+        "meta": {
+            "dataset": args.dataset,
+            "categories": [str(s) for s in specs],
+            "limit": args.limit,
+            "modes": {m.name: dict(m.extra_body) for m in modes},
+            "warmup": args.warmup,
+            "base_url": base_url,
+            "model": model,
+            "started_server": bool(args.start),
+            "config": args.config if args.start else None,
+            "request": {"max_tokens": args.max_tokens, "temperature": 0.0,
+                        "tool_choice": "required", "timeout_s": args.timeout},
+            "cases": len(cases),
+            "elapsed_s": elapsed,
+            "stop_reason": stop_reason,
+            "git_commit": _git_commit(),
+            "finished_at": datetime.now().isoformat(timespec="seconds"),
+        },
+        "summary": summary,
+        "records": records_as_dicts(records),
+    }
+    json_path = report.write_json(out_dir / f"bench-{stamp}.json", payload)
+    png_path = report.plot_latencies(
+        out_dir / f"bench-{stamp}.png", payload["records"], names,
+        title=f"{args.dataset} (n={len(cases)} cases) on {model}",
+    )
+    print(f"\nrecords + summary: {json_path}")
+    if png_path is not None:
+        print(f"latency plot:      {png_path}")
+    if stop_reason is not None:
+        say(f"ooo-spec bench: stopped early: {stop_reason}")
+        return 1
+    return 0 if any(r.ok and not r.warmup for r in records) else 1
+
+
+def format_header(
+    args: Any, base_url: str, model: str, cases: int, elapsed: float, stop: str | None
+) -> str:
+    line = (f"\nooo-spec bench  dataset={args.dataset} cases={cases} warmup={args.warmup}/mode "
+            f"server={base_url} model={model} elapsed={elapsed:.0f}s")
+    if stop:
+        line += f"  STOPPED EARLY: {stop}"
+    return line + "\n"
+
+
+def _measure(
+    args: Any, cases: Sequence[BfclCase], modes: Sequence[Mode], base_url: str, model: str
+) -> tuple[list[Record], str | None, float]:
+    from openai import OpenAI
+    from tqdm import tqdm
+
+    client = OpenAI(base_url=f"{base_url}/v1", api_key="ooo-spec-bench", max_retries=0,
+                    timeout=args.timeout)
+    total = (len(cases) + (args.warmup if cases else 0)) * len(modes)
+    bar = tqdm(total=total, file=sys.stderr, unit="req", dynamic_ncols=True,
+               disable=args.no_progress)
+    failures = Counter[str]()
+    outcomes = Counter[str]()
+
+    def progress(record: Record) -> None:
+        bar.update(1)
+        if record.error:
+            failures[record.mode] += 1
+        elif not record.warmup and record.mode != BASELINE:
+            outcomes[record.outcome or "?"] += 1
+        postfix = {"case": record.case_id, "mode": record.mode,
+                   "ms": f"{record.e2e_ms:.0f}"}
+        if outcomes:
+            postfix["outcomes"] = " ".join(f"{k}:{v}" for k, v in outcomes.most_common())
+        if failures:
+            postfix["errors"] = sum(failures.values())
+        bar.set_postfix(postfix, refresh=False)
+
+    t0 = time.monotonic()
+    try:
+        records, stop_reason = run_bench(
+            client, cases, modes, RequestSettings(model=model, max_tokens=args.max_tokens),
+            warmup=args.warmup,
+            limits=RunLimits(request_timeout_s=args.timeout, max_duration_s=args.max_duration,
+                             max_consecutive_errors=args.max_errors),
+            progress=progress,
+        )
+    finally:
+        bar.close()
+        client.close()
+    return records, stop_reason, time.monotonic() - t0

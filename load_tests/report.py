@@ -1,0 +1,171 @@
+"""Output of `ooo-spec bench`: the printed tables, the JSON file and the latency plot.
+
+Everything here reads the `summarize` dict and the records of `load_tests.bench`; nothing here
+computes a statistic of its own.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+Formatter = Callable[[Any], str]
+
+
+def _num(digits: int = 0, unit: str = "") -> Formatter:
+    def fmt(value: Any) -> str:
+        if value is None:
+            return "-"
+        return f"{value:,.{digits}f}{unit}"
+
+    return fmt
+
+
+def _pct(value: Any) -> str:
+    return "-" if value is None else f"{100 * value:.0f}%"
+
+
+def _times(value: Any) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _outcomes(value: Any) -> str:
+    if not value:
+        return "-"
+    return " ".join(f"{k}:{v}" for k, v in value.items())
+
+
+MODE_ROWS: tuple[tuple[str, str, Formatter], ...] = (
+    ("n (ok requests)", "n", _num()),
+    ("errors", "errors", _num()),
+    ("hit rate", "hit_rate", _pct),
+    ("outcomes", "outcomes", _outcomes),
+    ("e2e p50 ms", "e2e_ms_p50", _num()),
+    ("e2e p95 ms", "e2e_ms_p95", _num()),
+    ("main steps / request (median)", "steps_median", _num(1)),
+    ("main steps on hits (median)", "steps_median_on_hits", _num(1)),
+    ("accepted tokens / step", "accepted_per_step", _num(2)),
+    ("completion tokens / step", "tokens_per_step", _num(2)),
+    ("decode ms (median)", "decode_ms_median", _num()),
+    ("ttft ms (median)", "ttft_ms_median", _num()),
+    ("sidecar ms (median)", "sidecar_ms_median", _num()),
+    ("candidate ready ms (median)", "candidate_ready_ms_median", _num()),
+    ("BFCL accuracy", "accuracy", _pct),
+    ("identical to plain", "identical_to_plain", _pct),
+)
+
+RATIO_ROWS: tuple[tuple[str, str, Formatter], ...] = (
+    ("steps ratio (median/median)", "steps_ratio", _times),
+    ("steps ratio on hits (same cases)", "steps_ratio_on_hits", _times),
+    ("steps ratio (per-case median)", "steps_ratio_paired_median", _times),
+    ("decode ratio (median/median)", "decode_ratio", _times),
+    ("decode ratio (per-case median)", "decode_ratio_paired_median", _times),
+    ("e2e ratio (median/median)", "e2e_ratio", _times),
+    ("e2e ratio (per-case median)", "e2e_ratio_paired_median", _times),
+    ("paired cases", "paired_cases", _num()),
+)
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    lines = []
+    for n, row in enumerate([header, *rows]):
+        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:],
+                                                                         strict=True)]
+        lines.append("  ".join(cells).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def format_summary(summary: Mapping[str, Any], baseline: str = "plain") -> str:
+    """The per-mode table, then the ratios against the baseline (baseline / mode: >1 = the
+    mode is faster), then candidate-ready vs plain decode time."""
+    modes = list(summary["modes"])
+    per_mode = summary["modes"]
+    parts = [
+        _table(
+            ["per mode", *modes],
+            [[label] + [fmt(per_mode[m].get(key)) for m in modes] for label, key, fmt in MODE_ROWS],
+        )
+    ]
+    versus = summary.get(f"vs_{baseline}") or {}
+    others = list(versus)
+    if others:
+        parts.append(
+            _table(
+                [f"vs {baseline} ({baseline}/mode, >1 = faster)", *others],
+                [[label] + [fmt(versus[m].get(key)) for m in others]
+                 for label, key, fmt in RATIO_ROWS],
+            )
+        )
+        lines = []
+        for m in others:
+            v = versus[m]
+            lines.append(
+                f"{m}: first candidate ready at {_num(0, ' ms')(v['candidate_ready_ms_median'])}"
+                f" (median) vs {baseline} decode {_num(0, ' ms')(v['plain_decode_ms_median'])}"
+                f" (median): {_times(v['candidate_ready_vs_plain_decode'])} of it"
+            )
+        parts.append("\n".join(lines))
+    elif baseline not in per_mode:
+        parts.append(f"(no '{baseline}' mode in this run: no ratios, no identity check)")
+    errors = {m: s["error_messages"] for m, s in per_mode.items() if s.get("error_messages")}
+    if errors:
+        parts.append(
+            "errors:\n"
+            + "\n".join(
+                f"  {m}: {count}x {message}"
+                for m, messages in errors.items()
+                for message, count in messages.items()
+            )
+        )
+    return "\n\n".join(parts)
+
+
+def write_json(path: Path, payload: Mapping[str, Any]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
+    return path
+
+
+def plot_latencies(
+    path: Path, records: Sequence[Mapping[str, Any]], modes: Sequence[str], title: str = ""
+) -> Path | None:
+    """ECDF and box plot of end-to-end latency per mode (measured, successful requests).
+    Returns None when there is nothing to plot."""
+    data = {
+        m: sorted(r["e2e_ms"] for r in records
+                  if r["mode"] == m and not r["warmup"] and r["error"] is None)
+        for m in modes
+    }
+    data = {m: v for m, v in data.items() if v}
+    if not data:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ecdf, box) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for m, values in data.items():
+        n = len(values)
+        ecdf.step(values, [(i + 1) / n for i in range(n)], where="post", label=f"{m} (n={n})")
+    ecdf.set_xlabel("end-to-end latency (ms)")
+    ecdf.set_ylabel("share of requests")
+    ecdf.set_title("latency ECDF")
+    ecdf.grid(alpha=0.3)
+    ecdf.legend()
+    box.boxplot(list(data.values()), tick_labels=list(data), showmeans=True)
+    box.set_ylabel("end-to-end latency (ms)")
+    box.set_title("latency per mode")
+    box.grid(alpha=0.3, axis="y")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,116 @@
+"""End to end: the real app on Ray Serve, the real embedded model, the real `openai` client."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from app.spec.validation import validate_arguments
+
+pytestmark = pytest.mark.e2e
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather for a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "description": "City name"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+        },
+    },
+}
+MESSAGES = [{"role": "user", "content": "What is the weather in Paris, in celsius?"}]
+
+
+def test_required_tool_call_is_parsed_and_valid(openai_client) -> None:  # type: ignore[no-untyped-def]
+    response = openai_client.chat.completions.create(
+        model="smollm2-135m-instruct",
+        messages=MESSAGES,
+        tools=[WEATHER],
+        tool_choice="required",
+        temperature=0,
+        max_tokens=64,
+    )
+    choice = response.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    calls = choice.message.tool_calls
+    assert calls and calls[0].function.name == "get_weather"
+    arguments = json.loads(calls[0].function.arguments)
+    assert validate_arguments(arguments, WEATHER["function"]["parameters"]) == []
+    report = response.model_extra["ooo_spec"]
+    assert report["main"]["steps"] >= 1
+    assert report["main"]["completion_tokens"] == response.usage.completion_tokens
+    assert report["outcome"] in {"hit", "partial", "miss", "sidecar_late", "sidecar_error"}
+
+
+def test_named_tool_choice_and_disabled_speculation(openai_client) -> None:  # type: ignore[no-untyped-def]
+    response = openai_client.chat.completions.create(
+        model="smollm2-135m-instruct",
+        messages=MESSAGES,
+        tools=[WEATHER],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        temperature=0,
+        max_tokens=64,
+        extra_body={"ooo_spec": {"enabled": False}},
+    )
+    calls = response.choices[0].message.tool_calls
+    assert calls and calls[0].function.name == "get_weather"
+    report = response.model_extra["ooo_spec"]
+    assert report["enabled"] is False and report["outcome"] == "disabled"
+    assert report["main"]["drafted_tokens"] == 0
+
+
+def test_plain_chat_without_tools(openai_client) -> None:  # type: ignore[no-untyped-def]
+    response = openai_client.chat.completions.create(
+        model="smollm2-135m-instruct",
+        messages=[{"role": "user", "content": "Say hello."}],
+        temperature=0,
+        max_tokens=8,
+    )
+    assert response.choices[0].message.content
+    assert response.usage.completion_tokens <= 8
+
+
+def test_streaming_chunks_are_well_formed(openai_client, app_url: str) -> None:  # type: ignore[no-untyped-def]
+    stream = openai_client.chat.completions.create(
+        model="smollm2-135m-instruct",
+        messages=MESSAGES,
+        tools=[WEATHER],
+        tool_choice="required",
+        temperature=0,
+        max_tokens=64,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    tool_deltas = [c for c in chunks if c.choices and c.choices[0].delta.tool_calls]
+    assert tool_deltas and tool_deltas[0].choices[0].delta.tool_calls[0].function.name
+    assert any(c.choices and c.choices[0].finish_reason == "tool_calls" for c in chunks)
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+    assert "ooo_spec" in chunks[-1].model_extra
+
+    # The raw wire: every event is `data: <json>` and the last one is `data: [DONE]`.
+    body = {"messages": MESSAGES, "tools": [WEATHER], "tool_choice": "required",
+            "temperature": 0, "max_tokens": 64, "stream": True}
+    with httpx.stream("POST", f"{app_url}/v1/chat/completions", json=body, timeout=120) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in r.iter_lines() if line]
+    assert events[-1] == "data: [DONE]"
+    for line in events[:-1]:
+        assert line.startswith("data: ")
+        assert json.loads(line[len("data: "):])["object"] == "chat.completion.chunk"
+
+
+def test_models_and_health(app_url: str) -> None:
+    assert httpx.get(f"{app_url}/healthz").json() == {"status": "ok"}
+    models = httpx.get(f"{app_url}/v1/models").json()
+    assert models["data"][0]["id"] == "smollm2-135m-instruct"
