@@ -142,11 +142,97 @@ class RouterConfig(_Strict):
     request_timeout_s: float = Field(300, gt=0)
 
 
+class ToolOverride(_Strict):
+    """Operator's correction of one registered tool's flags; unset fields keep the tool's own."""
+
+    idempotent: bool | None = Field(
+        None,
+        description="Running the tool twice with the same arguments is as safe as running it "
+        "once. Changing it to false also turns `speculate` to 'never' unless that is set too.",
+    )
+    speculate: Literal["always", "never"] | None = Field(
+        None,
+        description="'always' lets a validated prediction start the tool before the main model "
+        "commits; only allowed for idempotent tools.",
+    )
+    timeout_s: float | None = Field(
+        None, gt=0, description="Wall-clock limit of one execution; past it the result is an error."
+    )
+    egress: bool | None = Field(
+        None,
+        description="The tool reaches services outside this deployment (privacy policy: such "
+        "tools are not pre-executed unless `tool_worker.allow_egress`).",
+    )
+
+
+class McpServerConfig(_Strict):
+    """An MCP server started as a subprocess and spoken to over stdio."""
+
+    name: str = Field(
+        ..., pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="Label in logs and errors."
+    )
+    command: list[str] = Field(
+        ..., min_length=1, description="Program and arguments, e.g. ['python', '-m', 'my.server']."
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra environment for the server, on top of PATH, HOME and the like "
+        "(the MCP SDK does not pass the whole environment on).",
+    )
+    timeout_s: float = Field(
+        30, gt=0, description="Default per-call timeout of this server's tools (overridable)."
+    )
+    startup_timeout_s: float = Field(
+        30, gt=0, description="Start, handshake and tool listing must finish within this."
+    )
+
+
+class ToolWorkerConfig(_Strict):
+    """The tool worker pool: runs server-known tools, speculatively or after the commit."""
+
+    deployment: DeploymentOptions = Field(
+        default_factory=lambda: DeploymentOptions(
+            actor=ActorOptions(num_cpus=0),
+            autoscaling=AutoscalingOptions(
+                min_replicas=1, max_replicas=4, target_ongoing_requests=2
+            ),
+        ),
+        description="Tools mostly wait on I/O, so replicas reserve no CPU by default.",
+    )
+    pre_execute: bool = Field(
+        True,
+        description="Global switch for speculative pre-execution of idempotent tools; false "
+        "runs every tool only after the main model commits the call.",
+    )
+    allow_egress: bool = Field(
+        False,
+        description="Pre-execute tools marked `egress` too. Off by default: a speculative call "
+        "to an outside service leaks the predicted intent even when the model never makes it.",
+    )
+    overrides: dict[str, ToolOverride] = Field(
+        default_factory=dict,
+        description="Per-tool flag corrections by tool name; a name no source registers is an "
+        "error at startup.",
+    )
+    mcp_servers: list[McpServerConfig] = Field(
+        default_factory=list, description="MCP servers whose tools join the Python ones."
+    )
+
+    @model_validator(mode="after")
+    def _unique_servers(self) -> ToolWorkerConfig:
+        names = [server.name for server in self.mcp_servers]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"tool_worker.mcp_servers: duplicate names {duplicates}")
+        return self
+
+
 class AppConfig(_Strict):
     main: MainConfig = Field(default_factory=MainConfig)
     sidecar: SidecarConfig = Field(default_factory=SidecarConfig)
     router: RouterConfig = Field(default_factory=RouterConfig)
     speculation: SpeculationConfig = Field(default_factory=SpeculationConfig)
+    tool_worker: ToolWorkerConfig = Field(default_factory=ToolWorkerConfig)
     tools: list[str] = Field(
         default_factory=lambda: ["app.tools.builtin"],
         description="Python modules whose decorated functions become server-known tools.",
