@@ -438,7 +438,16 @@ def mode_summary(records: Sequence[Record]) -> dict[str, Any]:
         "decode_ms_median": median(r.decode_ms for r in ok),
         "ttft_ms_median": median(r.ttft_ms for r in ok),
         "sidecar_ms_median": median(r.sidecar_ms for r in ok if r.sidecar_ms),
+        # Only requests that got a candidate before the main model finished have a ready
+        # time, so read it together with the share that had one.
+        "with_candidate": len([r for r in ok if r.candidates]) / len(ok) if ok else None,
         "candidate_ready_ms_median": median(r.candidate_ready_ms for r in ok),
+        # Position in the case's rotated mode order: a gap between positions is the warm/cold
+        # bias that the rotation cancels out of the overall numbers.
+        "e2e_ms_median_by_position": {
+            p: median(r.e2e_ms for r in ok if r.position == p)
+            for p in sorted({r.position for r in ok})
+        },
         "accuracy": share(r.correct for r in ok),
         "identical_to_plain": share(r.identical_to_plain for r in ok),
     }
@@ -603,7 +612,8 @@ def run_command(args: Any, say: Callable[[str], None]) -> int:
 
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir = Path(args.out)
-    payload = {
+    record_dicts = records_as_dicts(records)
+    payload: dict[str, Any] = {
         "meta": {
             "dataset": args.dataset,
             "categories": [str(s) for s in specs],
@@ -623,11 +633,11 @@ def run_command(args: Any, say: Callable[[str], None]) -> int:
             "finished_at": datetime.now().isoformat(timespec="seconds"),
         },
         "summary": summary,
-        "records": records_as_dicts(records),
+        "records": record_dicts,
     }
     json_path = report.write_json(out_dir / f"bench-{stamp}.json", payload)
     png_path = report.plot_latencies(
-        out_dir / f"bench-{stamp}.png", payload["records"], names,
+        out_dir / f"bench-{stamp}.png", record_dicts, names,
         title=f"{args.dataset} (n={len(cases)} cases) on {model}",
     )
     print(f"\nrecords + summary: {json_path}")
@@ -664,18 +674,18 @@ def _measure(
     outcomes = Counter[str]()
 
     def progress(record: Record) -> None:
-        bar.update(1)
         if record.error:
             failures[record.mode] += 1
         elif not record.warmup and record.mode != BASELINE:
             outcomes[record.outcome or "?"] += 1
-        postfix = {"case": record.case_id, "mode": record.mode,
+        postfix: dict[str, Any] = {"case": record.case_id, "mode": record.mode,
                    "ms": f"{record.e2e_ms:.0f}"}
         if outcomes:
             postfix["outcomes"] = " ".join(f"{k}:{v}" for k, v in outcomes.most_common())
         if failures:
             postfix["errors"] = sum(failures.values())
         bar.set_postfix(postfix, refresh=False)
+        bar.update(1)
 
     t0 = time.monotonic()
     try:

@@ -31,6 +31,12 @@ def _times(value: Any) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
+def _by_position(value: Any) -> str:
+    if not value:
+        return "-"
+    return " / ".join("-" if v is None else f"{v:,.0f}" for v in value.values())
+
+
 def _outcomes(value: Any) -> str:
     if not value:
         return "-"
@@ -44,6 +50,7 @@ MODE_ROWS: tuple[tuple[str, str, Formatter], ...] = (
     ("outcomes", "outcomes", _outcomes),
     ("e2e p50 ms", "e2e_ms_p50", _num()),
     ("e2e p95 ms", "e2e_ms_p95", _num()),
+    ("e2e p50 ms when 1st / 2nd / ...", "e2e_ms_median_by_position", _by_position),
     ("main steps / request (median)", "steps_median", _num(1)),
     ("main steps on hits (median)", "steps_median_on_hits", _num(1)),
     ("accepted tokens / step", "accepted_per_step", _num(2)),
@@ -51,6 +58,7 @@ MODE_ROWS: tuple[tuple[str, str, Formatter], ...] = (
     ("decode ms (median)", "decode_ms_median", _num()),
     ("ttft ms (median)", "ttft_ms_median", _num()),
     ("sidecar ms (median)", "sidecar_ms_median", _num()),
+    ("requests with a candidate", "with_candidate", _pct),
     ("candidate ready ms (median)", "candidate_ready_ms_median", _num()),
     ("BFCL accuracy", "accuracy", _pct),
     ("identical to plain", "identical_to_plain", _pct),
@@ -106,7 +114,8 @@ def format_summary(summary: Mapping[str, Any], baseline: str = "plain") -> str:
             v = versus[m]
             lines.append(
                 f"{m}: first candidate ready at {_num(0, ' ms')(v['candidate_ready_ms_median'])}"
-                f" (median) vs {baseline} decode {_num(0, ' ms')(v['plain_decode_ms_median'])}"
+                f" (median over the {_pct(per_mode[m].get('with_candidate'))} of requests that"
+                f" got one) vs {baseline} decode {_num(0, ' ms')(v['plain_decode_ms_median'])}"
                 f" (median): {_times(v['candidate_ready_vs_plain_decode'])} of it"
             )
         parts.append("\n".join(lines))
