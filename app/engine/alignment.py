@@ -1,71 +1,54 @@
-"""Token-level alignment of a request's generated tokens with its candidate continuations.
+"""Alignment of a request's generated text with its candidate texts, and prompt lookup.
 
-Pure functions: the proposer calls them once per request per engine step, so they work on
-plain lists and stay cheap (candidates are ~30-100 tokens, drafts at most `k`).
+Alignment works on text, not token ids: under a grammar the main model often splits a forced
+string (a tool name) into other tokens than the tokenizer would, and token-level matching then
+loses its place for the rest of the call. Text survives any token split, so the proposer finds
+where the model is in the candidate, tokenizes only the rest, and drafts that.
+
+Pure functions: the proposer calls them once per request per engine step on short strings.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-# A single shared token ('"', ',', ':') matches in many places of a JSON call; anchoring on
-# fewer than this many tokens would draft from the wrong place more often than not.
-MIN_SUFFIX_MATCH = 3
+# Anchoring on a shorter overlap than this (when the output does not simply start with the
+# candidate) matches punctuation that occurs everywhere in JSON and drafts from a wrong place.
+MIN_OVERLAP_CHARS = 8
 
 
-def continue_candidate(
-    generated: Sequence[int], candidate: Sequence[int], k: int, min_match: int = MIN_SUFFIX_MATCH
-) -> list[int]:
-    """Return up to `k` tokens of `candidate` that should follow `generated`.
+def candidate_remainder(
+    generated: str, candidate: str, min_overlap: int = MIN_OVERLAP_CHARS
+) -> tuple[str, int] | None:
+    """Where `generated` is in `candidate`: (text still to come, length of the match).
 
     Two anchors, tried in order:
-    1. `generated` is a prefix of `candidate` (the usual case: the candidate arrived before or
-       while the main model was writing the call);
-    2. the longest suffix of `generated` (at least `min_match` tokens) that occurs in
-       `candidate`; the last occurrence wins, because a call is written left to right and the
-       latest place is the one the main model is at. This covers a candidate that arrives
-       mid-call after a preamble, and a call that resumes after a divergent token run.
+    1. `candidate` starts with `generated` (the usual case, also when the candidate arrives
+       mid-call: the model has simply written more of it already);
+    2. the longest suffix of `generated` that is a prefix of `candidate`, at least
+       `min_overlap` chars — the model wrote something else first (free text before
+       `<tool_call>`), then started the candidate.
+    None when neither holds (the model has left the candidate).
     """
-    if k <= 0 or not candidate:
-        return []
-    n = len(generated)
-    if n <= len(candidate) and list(candidate[:n]) == list(generated):
-        return list(candidate[n : n + k])
-    best_end = -1
-    best_len = 0
-    max_len = min(n, len(candidate))
-    # Grow the suffix while it still matches somewhere; stop at the first length without a
-    # match because a longer suffix contains the shorter one.
-    for length in range(min_match, max_len + 1):
-        suffix = list(generated[n - length :])
-        end = _last_occurrence_end(candidate, suffix)
-        if end < 0:
-            break
-        best_end, best_len = end, length
-    if best_len == 0 or best_end >= len(candidate):
-        return []
-    return list(candidate[best_end : best_end + k])
+    if candidate.startswith(generated):
+        return candidate[len(generated) :], len(generated)
+    longest = min(len(generated), len(candidate) - 1)
+    for size in range(longest, min_overlap - 1, -1):
+        if generated.endswith(candidate[:size]):
+            return candidate[size:], size
+    return None
 
 
-def _last_occurrence_end(haystack: Sequence[int], needle: Sequence[int]) -> int:
-    """Index just past the last occurrence of `needle` in `haystack`, or -1."""
-    m = len(needle)
-    for start in range(len(haystack) - m, -1, -1):
-        if list(haystack[start : start + m]) == list(needle):
-            return start + m
-    return -1
+def best_remainder(generated: str, candidates: Sequence[str]) -> str | None:
+    """The remainder of the candidate that agrees with most of the output (ties: first).
 
-
-def best_continuation(
-    generated: Sequence[int], candidates: Sequence[Sequence[int]], k: int
-) -> list[int]:
-    """The longest continuation any candidate offers (ties: the earlier candidate)."""
-    best: list[int] = []
+    A candidate already written in full gives "" (only the end of the output is left)."""
+    best: tuple[str, int] | None = None
     for candidate in candidates:
-        draft = continue_candidate(generated, candidate, k)
-        if len(draft) > len(best):
-            best = draft
-    return best
+        found = candidate_remainder(generated, candidate)
+        if found is not None and (best is None or found[1] > best[1]):
+            best = found
+    return None if best is None else best[0]
 
 
 def prompt_lookup(tokens: Sequence[int], k: int, min_n: int, max_n: int) -> list[int]:

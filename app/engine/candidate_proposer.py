@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from app.engine.alignment import best_continuation, prompt_lookup
+from app.engine.alignment import best_remainder, prompt_lookup
 from app.engine.candidate_store import CandidateStore
 
 
@@ -28,6 +28,8 @@ class CandidateProposer:
         self.max_model_len: int = int(vllm_config.model_config.max_model_len)
         self.store: CandidateStore | None = None
         self.runner: Any = None
+        self.tokenizer: Any = None
+        self.eos_token_id: int | None = None
         self.prompt_lookup_fallback = False
         self.lookup_min = 2
         self.lookup_max = 4
@@ -36,12 +38,15 @@ class CandidateProposer:
         self,
         store: CandidateStore,
         runner: Any,
+        tokenizer: Any,
         prompt_lookup_fallback: bool,
         lookup_min: int,
         lookup_max: int,
     ) -> None:
         self.store = store
         self.runner = runner
+        self.tokenizer = tokenizer
+        self.eos_token_id = getattr(tokenizer, "eos_token_id", None)
         self.prompt_lookup_fallback = prompt_lookup_fallback
         self.lookup_min = lookup_min
         self.lookup_max = lookup_max
@@ -71,9 +76,11 @@ class CandidateProposer:
             budget = min(self.k, self.max_model_len - num_tokens - 1)
             if budget <= 0:
                 continue
-            prompt_len = int(batch.num_prompt_tokens[row])
-            generated = token_ids_cpu[row, prompt_len:num_tokens].tolist()
-            draft = best_continuation(generated, entry.candidates, budget)
+            draft: list[int] = []
+            if entry.candidates:
+                prompt_len = int(batch.num_prompt_tokens[row])
+                generated = token_ids_cpu[row, prompt_len:num_tokens].tolist()
+                draft = self._candidate_draft(generated, entry.candidates, budget)
             from_candidate = bool(draft)
             if not draft and self.prompt_lookup_fallback:
                 draft = prompt_lookup(
@@ -87,10 +94,22 @@ class CandidateProposer:
                 self.store.record_draft(req_ids[row], len(draft), from_candidate)
         return drafts
 
+    def _candidate_draft(self, generated: list[int], candidates: list[str], k: int) -> list[int]:
+        text = self.tokenizer.decode(generated, skip_special_tokens=False)
+        remainder = best_remainder(text, candidates)
+        if remainder is None:
+            return []
+        ids = self.tokenizer.encode(remainder, add_special_tokens=False)[:k] if remainder else []
+        # Past the end of the call comes the end of the output: draft that too.
+        if len(ids) < k and self.eos_token_id is not None:
+            ids.append(self.eos_token_id)
+        return ids
+
 
 def bind_proposer(
     worker: Any,
     store: CandidateStore,
+    tokenizer: Any,
     prompt_lookup_fallback: bool,
     lookup_min: int,
     lookup_max: int,
@@ -100,5 +119,5 @@ def bind_proposer(
     drafter = getattr(runner, "drafter", None)
     if not isinstance(drafter, CandidateProposer):
         return False
-    drafter.bind(store, runner, prompt_lookup_fallback, lookup_min, lookup_max)
+    drafter.bind(store, runner, tokenizer, prompt_lookup_fallback, lookup_min, lookup_max)
     return True

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 @dataclass
 class RequestSpeculation:
     enabled: bool
-    # Token sequences of the whole expected output (rendered in the main model's format).
-    candidates: list[list[int]] = field(default_factory=list)
+    # Texts of the whole expected output, rendered in the main model's format (one entry per
+    # candidate and whitespace style).
+    candidates: list[str] = field(default_factory=list)
     drafted_tokens: int = 0
     candidate_drafted_tokens: int = 0
 
@@ -29,14 +30,14 @@ class CandidateStore:
         with self._lock:
             self._requests[request_id] = RequestSpeculation(enabled=enabled)
 
-    def add_candidates(self, request_id: str, candidates: list[list[int]]) -> bool:
+    def add_candidates(self, request_id: str, candidates: list[str]) -> bool:
         """Attach candidates; False when the request is already gone (finished/aborted)."""
         with self._lock:
             entry = self._requests.get(request_id)
             if entry is None:
                 return False
             # Newer predictions (sidecar over history) go first: they win ties.
-            entry.candidates = [list(c) for c in candidates] + entry.candidates
+            entry.candidates = list(candidates) + entry.candidates
             return True
 
     def get(self, request_id: str) -> RequestSpeculation | None:

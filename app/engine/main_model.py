@@ -24,7 +24,7 @@ from app.engine.tool_format import (
     parse_forced,
     parse_free,
     prepare_messages,
-    render_forced,
+    render_forced_variants,
     render_free,
 )
 from app.engine.vllm_engine import GenerationResult, VllmEngine
@@ -108,29 +108,25 @@ class MainModelService:
         )
 
     # ----- candidates -------------------------------------------------------------------
-    def render_candidate(self, prepared: PreparedRequest, calls: list[ParsedCall]) -> list[int]:
-        """Token ids of the whole output the main model would write for `calls`."""
+    def render_candidate(self, prepared: PreparedRequest, calls: list[ParsedCall]) -> list[str]:
+        """Texts of the whole output the main model may write for `calls`: one per whitespace
+        style; the proposer follows the one the model's output agrees with."""
         if prepared.mode in ("required", "named"):
-            text = render_forced(calls, prepared.tools, prepared.request.named_tool)
-        else:
-            text = render_free(calls)
-        ids = list(self.engine.tokenizer.encode(text, add_special_tokens=False))
-        eos = self.engine.eos_token_id
-        # The end of the output is as predictable as the call itself: draft it too.
-        return ids + [eos] if eos is not None else ids
+            return render_forced_variants(calls, prepared.tools, prepared.request.named_tool)
+        return [render_free(calls)]
 
     def intake(
         self,
         prepared: PreparedRequest,
         prediction: Prediction,
         started: float,
-    ) -> tuple[CandidateIntake, list[list[int]]]:
+    ) -> tuple[CandidateIntake, list[str]]:
         """Validate a prediction's candidates and render the valid ones to token ids."""
         intake = CandidateIntake(status="received", sidecar_ms=prediction.elapsed_ms)
         ready_ms = (time.perf_counter() - started) * 1000
         schemas = {t["function"]["name"]: t["function"].get("parameters") or {}
                    for t in prepared.tools}
-        rendered: list[list[int]] = []
+        rendered: list[str] = []
         if prediction.error:
             intake.status = "error"
             intake.error = prediction.error
@@ -155,7 +151,7 @@ class MainModelService:
             if calls and all_valid:
                 if prepared.mode == "named" and calls[0].name != prepared.request.named_tool:
                     continue
-                rendered.append(self.render_candidate(prepared, calls))
+                rendered.extend(self.render_candidate(prepared, calls))
         return intake, rendered
 
     # ----- generation ---------------------------------------------------------------------
@@ -169,7 +165,7 @@ class MainModelService:
         intake = CandidateIntake(status="none" if candidates is None else "pending")
         internal: list[str] = []
         arrived = asyncio.Event()
-        pending_render: list[list[int]] = []
+        pending_render: list[str] = []
 
         async def receive() -> None:
             nonlocal intake

@@ -4,9 +4,13 @@ Two ways a call is written, and both are what candidates are rendered into:
 - free decoding (`tool_choice: auto`): the model writes
   `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>` after the project's tool prompt;
 - forced decoding (`required` or a named tool): vLLM structured outputs constrain the whole
-  output to compact JSON — a list of calls for `required`, one call for a named tool. Compact
-  (no optional whitespace) and keys in schema order make the exact text of a call a function of
-  the call alone, so a candidate can be rendered token for token.
+  output to JSON — a list of calls for `required`, one call for a named tool.
+
+The grammar fixes keys (in schema order) and punctuation but leaves whitespace to the model, and
+the model's whitespace varies between requests (one line, indent 2, indent 4). Forcing compact
+JSON is no cure: the model then writes non-canonical token splits that no rendering predicts. So
+a candidate is rendered in each style the model is seen to use (`STYLES`), and the proposer
+follows whichever variant the model's own tokens agree with.
 """
 
 from __future__ import annotations
@@ -132,17 +136,48 @@ def forced_output_schema(
     return schema
 
 
-def render_forced(
-    calls: list[ParsedCall], tools: list[dict[str, Any]], named: str | None
-) -> str:
-    """Exact text the main model writes for `calls` under `forced_output_schema`."""
+# Whitespace styles of one call object: json.dumps keyword arguments.
+STYLES: tuple[dict[str, Any], ...] = (
+    {"indent": 4},
+    {"indent": 2},
+    {},  # one line, ", " and ": "
+)
+
+
+def _ordered_objects(calls: list[ParsedCall], tools: list[dict[str, Any]]) -> list[Any]:
     by_name = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools}
-    objs = [
+    return [
         {"name": c.name, "arguments": order_like_schema(c.arguments, by_name.get(c.name, {}))}
         for c in calls
     ]
-    value: Any = objs[0] if named is not None else objs
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def render_forced(
+    calls: list[ParsedCall], tools: list[dict[str, Any]], named: str | None,
+    style: dict[str, Any] | None = None,
+) -> str:
+    """Text of `calls` under `forced_output_schema`, in one whitespace style."""
+    objs = _ordered_objects(calls, tools)
+    style = {} if style is None else style
+    if named is not None:
+        return json.dumps(objs[0], ensure_ascii=False, **style)
+    if not style:
+        return json.dumps(objs, ensure_ascii=False)
+    # Seen from the model: list items flush left, each item in the style.
+    items = ",\n".join(json.dumps(o, ensure_ascii=False, **style) for o in objs)
+    return f"[\n{items}\n]"
+
+
+def render_forced_variants(
+    calls: list[ParsedCall], tools: list[dict[str, Any]], named: str | None
+) -> list[str]:
+    """The texts the main model may write for `calls`, one per whitespace style."""
+    variants = [render_forced(calls, tools, named, style) for style in STYLES]
+    if named is None:
+        objs = _ordered_objects(calls, tools)
+        items = ",\n".join(json.dumps(o, ensure_ascii=False) for o in objs)
+        variants.append(f"[\n{items}\n]")
+    return list(dict.fromkeys(variants))
 
 
 def render_free(calls: list[ParsedCall]) -> str:

@@ -113,10 +113,7 @@ class VllmEngine:
             "enforce_eager": self.cfg.enforce_eager,
             "enable_prefix_caching": True,
             "disable_log_stats": True,
-            # Compact JSON under structured outputs (vLLM reads this engine-wide, not per
-            # request): the exact text of a forced call is then a function of the call alone,
-            # which is what lets a candidate be rendered token for token.
-            "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
+            "structured_outputs_config": {"backend": "xgrammar"},
         }
         if self.cfg.kv_cache_gib < 1:
             kwargs["kv_cache_memory_bytes"] = int(self.cfg.kv_cache_gib * (1 << 30))
@@ -135,6 +132,7 @@ class VllmEngine:
                 bind_proposer,
                 args=(
                     self.store,
+                    self.tokenizer,
                     self.speculation.prompt_lookup_fallback,
                     self.speculation.prompt_lookup_min,
                     self.speculation.prompt_lookup_max,

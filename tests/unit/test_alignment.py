@@ -1,44 +1,41 @@
-from app.engine.alignment import best_continuation, continue_candidate, prompt_lookup
+from app.engine.alignment import best_remainder, candidate_remainder, prompt_lookup
 
-CAND = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19]
-
-
-def test_prefix_alignment_proposes_the_rest() -> None:
-    assert continue_candidate([10, 11, 12], CAND, k=4) == [13, 14, 15, 16]
+CALL = '[{"name": "get_weather", "arguments": {"city": "Paris"}}]'
 
 
-def test_empty_generation_proposes_from_start() -> None:
-    assert continue_candidate([], CAND, k=3) == [10, 11, 12]
+def test_prefix_gives_the_rest() -> None:
+    assert candidate_remainder('[{"name": "get_', CALL) == (CALL[15:], 15)
 
 
-def test_draft_is_capped_by_k_and_candidate_end() -> None:
-    assert continue_candidate(CAND[:8], CAND, k=16) == [18, 19]
-    assert continue_candidate(CAND, CAND, k=16) == []
+def test_nothing_generated_gives_the_whole_candidate() -> None:
+    assert candidate_remainder("", CALL) == (CALL, 0)
 
 
-def test_candidate_arriving_mid_call_after_preamble() -> None:
-    generated = [1, 2, 3, 12, 13, 14]
-    assert continue_candidate(generated, CAND, k=3) == [15, 16, 17]
+def test_finished_candidate_leaves_only_the_end() -> None:
+    assert candidate_remainder(CALL, CALL) == ("", len(CALL))
 
 
-def test_short_suffix_match_is_not_trusted() -> None:
-    # Only two tokens agree: too weak an anchor in JSON, where '"' and ',' repeat.
-    assert continue_candidate([1, 2, 13, 14], CAND, k=3) == []
+def test_preamble_then_candidate() -> None:
+    free = '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
+    generated = "Sure, let me check.\n<tool_call>\n{\"na"
+    assert candidate_remainder(generated, free) == (free[16:], 16)
 
 
-def test_diverged_output_gives_no_draft() -> None:
-    assert continue_candidate([10, 11, 99], CAND, k=3) == []
+def test_short_overlap_is_not_trusted() -> None:
+    # Only '"}' agrees: too weak an anchor in JSON, where such punctuation repeats.
+    assert candidate_remainder('{"x": "a"}', '"}]') is None
 
 
-def test_last_occurrence_wins() -> None:
-    cand = [5, 6, 7, 1, 5, 6, 7, 2]
-    assert continue_candidate([0, 5, 6, 7], cand, k=1) == [2]
+def test_diverged_output_gives_none() -> None:
+    assert candidate_remainder('[{"name": "get_time"', CALL) is None
 
 
-def test_best_continuation_prefers_longest() -> None:
-    other = [10, 11, 12, 40]
-    assert best_continuation([10, 11, 12], [other, CAND], k=5) == [13, 14, 15, 16, 17]
-    assert best_continuation([10, 11, 12], [], k=5) == []
+def test_best_remainder_prefers_the_candidate_that_agrees() -> None:
+    indent = '[\n{\n    "name": "f"\n}\n]'
+    one_line = '[\n{"name": "f"}\n]'
+    assert best_remainder("[\n{\n ", [one_line, indent]) == indent[5:]
+    assert best_remainder("[\n{", [indent, one_line]) == indent[3:]  # tie: first wins
+    assert best_remainder("zzz", [indent, one_line]) is None
 
 
 def test_prompt_lookup_finds_latest_ngram() -> None:

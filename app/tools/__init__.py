@@ -1,0 +1,1 @@
+"""Server-side tools: registry and decorator, built-in demo tools, MCP source, safety policy."""

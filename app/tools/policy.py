@@ -1,0 +1,171 @@
+"""Speculative pre-execution: which calls may run before the main model commits, and which
+pre-executed results may answer a committed call. Pure logic, no I/O: the safety argument
+lives here and is tested here.
+
+The rules (DESIGN.md, "Speculative pre-execution"):
+- A call runs before the commit only if its tool is server-known, idempotent, marked
+  `speculate: always`, pre-execution is switched on, and it does not reach outside services
+  (`egress`) unless that is allowed. Everything else runs only after the main model commits it.
+- A pre-executed result answers a committed call only when the two are canonically equal
+  (same name; arguments equal after filling the tool's schema defaults, key order ignored,
+  1 == 1.0). Parallel calls match as a multiset: one pre-execution answers one committed call.
+- An error result is never reused: a speculative run can fail for reasons of its own (a
+  timeout under load, a cancelled run), and rerunning an idempotent tool is always allowed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from app.spec.canonical import Invocation, canonical_invocation
+from app.tools.registry import ToolResult, ToolSpec
+
+
+def may_pre_execute(tool: ToolSpec | None, global_enabled: bool, allow_egress: bool) -> bool:
+    """Whether a predicted call of `tool` (None: not server-known) may run before the commit."""
+    return (
+        tool is not None
+        and global_enabled
+        and tool.idempotent
+        and tool.speculate == "always"
+        and (allow_egress or not tool.egress)
+    )
+
+
+def _reusable(tool: ToolSpec | None) -> bool:
+    # Checked again when results are handed out, so a result that should never have existed
+    # (a bug upstream) still cannot stand in for a non-idempotent call.
+    return tool is not None and tool.idempotent and tool.speculate == "always"
+
+
+def invocation_key(invocation: Invocation, tools: Mapping[str, ToolSpec]) -> str:
+    """Canonical key of a call under its tool's schema (no schema for unknown tools)."""
+    tool = tools.get(invocation.name)
+    return canonical_invocation(invocation, tool.parameters if tool is not None else None)
+
+
+class ReconciledCall(NamedTuple):
+    """One committed call with the pre-executed result that answers it, if any."""
+
+    invocation: Invocation
+    result: ToolResult | None
+    speculative: bool  # True when `result` came from pre-execution
+
+
+def reconcile_calls(
+    committed: Iterable[Invocation],
+    pre_executed: Mapping[str, ToolResult],
+    tools: Mapping[str, ToolSpec],
+) -> list[ReconciledCall]:
+    """Pair committed calls (in order) with pre-executed results keyed by `invocation_key`.
+
+    Each result answers at most one committed call; calls left without one get
+    `(call, None, False)` and must be executed now.
+    """
+    remaining = dict(pre_executed)
+    out: list[ReconciledCall] = []
+    for call in committed:
+        key = invocation_key(call, tools)
+        result = remaining.get(key) if _reusable(tools.get(call.name)) else None
+        if result is not None and not result.is_error:
+            del remaining[key]
+            out.append(ReconciledCall(call, result, True))
+        else:
+            out.append(ReconciledCall(call, None, False))
+    return out
+
+
+@dataclass
+class _Entry:
+    invocation: Invocation
+    result: ToolResult | None = None
+    taken: bool = False
+
+
+class PreExecutionLedger:
+    """Pre-executions of one request, keyed by canonical invocation.
+
+    The router asks `start` before running a predicted call (True at most once per canonical
+    call, and only when `may_pre_execute` allows it), `record`s the result, and asks `take`
+    for each committed call. `is_pending` tells it to await a run still in flight rather than
+    start the same call again.
+    """
+
+    def __init__(
+        self,
+        tools: Mapping[str, ToolSpec],
+        *,
+        global_enabled: bool = True,
+        allow_egress: bool = False,
+    ) -> None:
+        self._tools = dict(tools)
+        self._enabled = global_enabled
+        self._allow_egress = allow_egress
+        self._entries: dict[str, _Entry] = {}
+
+    def key(self, invocation: Invocation) -> str:
+        return invocation_key(invocation, self._tools)
+
+    def start(self, invocation: Invocation) -> bool:
+        """Claim the right to pre-execute `invocation`: False if not allowed or already claimed."""
+        tool = self._tools.get(invocation.name)
+        if not may_pre_execute(tool, self._enabled, self._allow_egress):
+            return False
+        key = self.key(invocation)
+        if key in self._entries:
+            return False
+        self._entries[key] = _Entry(invocation)
+        return True
+
+    def record(self, invocation: Invocation, result: ToolResult) -> None:
+        entry = self._entries.get(self.key(invocation))
+        if entry is None:
+            raise KeyError(f"no pre-execution of {invocation.name!r} was started")
+        entry.result = result
+
+    def is_pending(self, invocation: Invocation) -> bool:
+        """Started, result not recorded yet: await it instead of running the call again."""
+        entry = self._entries.get(self.key(invocation))
+        return entry is not None and entry.result is None and not entry.taken
+
+    def take(self, committed: Invocation) -> ToolResult | None:
+        """The recorded result for a canonically equal call, once; None otherwise."""
+        if not _reusable(self._tools.get(committed.name)):
+            return None
+        entry = self._entries.get(self.key(committed))
+        if entry is None or entry.taken or entry.result is None:
+            return None
+        entry.taken = True
+        return entry.result
+
+    def reconcile(self, committed: Iterable[Invocation]) -> list[ReconciledCall]:
+        """`take` for each committed call, in order."""
+        out: list[ReconciledCall] = []
+        for call in committed:
+            result = self.take(call)
+            out.append(ReconciledCall(call, result, result is not None))
+        return out
+
+    def results(self) -> dict[str, ToolResult]:
+        """Recorded, untaken, successful results by key: the input `reconcile_calls` takes."""
+        return {
+            key: entry.result
+            for key, entry in self._entries.items()
+            if entry.result is not None and not entry.taken and not entry.result.is_error
+        }
+
+    def started(self) -> list[Invocation]:
+        return [entry.invocation for entry in self._entries.values()]
+
+    def wasted(self) -> list[Invocation]:
+        """Pre-executions no committed call took (so far): mispredictions, failures, late runs."""
+        return [entry.invocation for entry in self._entries.values() if not entry.taken]
+
+
+def select_pre_executions(
+    candidates: Iterable[Invocation], ledger: PreExecutionLedger
+) -> list[Invocation]:
+    """The candidates to start now, each claimed in `ledger` (duplicates and disallowed dropped)."""
+    return [candidate for candidate in candidates if ledger.start(candidate)]

@@ -1,0 +1,79 @@
+"""`ToolWorker` deployment: runs server-known tools, from Python modules and MCP servers.
+
+The router calls `execute(name, arguments, speculative=True)` for a validated prediction and
+`execute(name, arguments)` for a committed call. A speculative call is checked against the
+pre-execution policy here as well, so a router bug can never run a non-idempotent tool early.
+Results are plain dicts (`ToolResult.model_dump()`); an execution never raises.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray import serve
+
+from app.config import load_config
+from app.tools.mcp_source import McpToolSource
+from app.tools.policy import may_pre_execute
+from app.tools.registry import ToolRegistry, ToolResult
+
+
+@serve.deployment(name="ToolWorker")
+class ToolWorker:
+    # Async constructor (Ray Serve awaits it): MCP sessions are background tasks that must
+    # live on the replica's event loop, the same loop that later serves `execute`.
+    async def __init__(self, config: dict[str, Any]) -> None:  # type: ignore[misc]
+        app_config = load_config(config)
+        self.settings = app_config.tool_worker
+        self.registry = ToolRegistry(
+            max_threads=max(4, self.settings.deployment.max_ongoing_requests)
+        )
+        self.registry.load_modules(app_config.tools)
+        self.mcp = McpToolSource(self.settings.mcp_servers)
+        await self.mcp.start(self.registry)
+        try:
+            # After MCP registration, so overrides can name MCP tools too.
+            self.registry.apply_overrides(self.settings.overrides)
+        except Exception:
+            await self.mcp.aclose()
+            raise
+        self._closed = False
+
+    async def execute(
+        self, name: str, arguments: dict[str, Any], speculative: bool = False
+    ) -> dict[str, Any]:
+        if speculative and not may_pre_execute(
+            self.registry.get(name), self.settings.pre_execute, self.settings.allow_egress
+        ):
+            refused = ToolResult(
+                name=name,
+                content=f"pre-execution of {name!r} is not allowed by the tool policy",
+                is_error=True,
+                latency_ms=0.0,
+            )
+            return refused.model_dump()
+        result = await self.registry.execute(name, arguments)
+        return result.model_dump()
+
+    def list_tools(self) -> list[dict[str, Any]]:
+        """`GET /v1/tools` entries."""
+        return self.registry.openai_tools()
+
+    def tool_specs(self) -> list[dict[str, Any]]:
+        """Full `ToolSpec`s (with `egress` and `timeout_s`), for the router's policy checks."""
+        return [spec.model_dump() for spec in self.registry.specs()]
+
+    async def check_health(self) -> None:
+        problems = await self.mcp.check()
+        if problems:
+            detail = "; ".join(f"{name}: {why}" for name, why in problems.items())
+            raise RuntimeError(f"MCP servers unhealthy: {detail}")
+
+    async def __del__(self) -> None:
+        # Ray Serve awaits this on graceful shutdown. The garbage collector calls it too, but
+        # only creates a coroutine nobody runs; the flag makes a second awaited call a no-op.
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        await self.mcp.aclose()
+        self.registry.close()
