@@ -135,7 +135,7 @@ class PreExecutionLedger:
         if not _reusable(self._tools.get(committed.name)):
             return None
         entry = self._entries.get(self.key(committed))
-        if entry is None or entry.taken or entry.result is None:
+        if entry is None or entry.taken or entry.result is None or entry.result.is_error:
             return None
         entry.taken = True
         return entry.result

@@ -189,14 +189,15 @@ TOOL_NAMES = ["t0", "t1", "t2", "unknown"]
 
 @st.composite
 def tool_sets(draw: st.DrawFn) -> dict[str, ToolSpec]:
-    tools: dict[str, ToolSpec] = {}
-    for name in TOOL_NAMES[:-1]:  # "unknown" is never registered
+    # t0 is always pre-executable (so hits are common); t1 and t2 get random flags.
+    tools = {"t0": spec("t0")}
+    for name in ("t1", "t2"):
         idempotent = draw(st.booleans())
         speculate = draw(st.sampled_from(["always", "never"])) if idempotent else "never"
         tools[name] = spec(
             name, idempotent=idempotent, speculate=speculate, egress=draw(st.booleans())
         )
-    return tools
+    return tools  # "unknown" is never registered
 
 
 # Few distinct values, so predictions and commits collide often; x as int or equal float and
@@ -229,6 +230,9 @@ def oracle_key(invocation: Invocation) -> str:
     candidates=st.lists(st.tuples(invocations, st.booleans()), max_size=5),
     fresh_commits=st.lists(invocations, max_size=4),
     echoed=st.lists(st.integers(0, 4), max_size=5),
+    variants=st.lists(
+        st.tuples(st.integers(0, 4), st.sampled_from([None, 0, 0.0, 1, 1.0, 2])), max_size=3
+    ),
 )
 def test_simulated_requests_keep_the_safety_properties(
     tools: dict[str, ToolSpec],
@@ -237,10 +241,21 @@ def test_simulated_requests_keep_the_safety_properties(
     candidates: list[tuple[Invocation, bool]],
     fresh_commits: list[Invocation],
     echoed: list[int],
+    variants: list[tuple[int, int | float | None]],
 ) -> None:
-    """Random tools, predictions (some of whose runs fail) and commits (some echoing
-    predictions): the policy and the ledger must keep every safety property."""
+    """Random tools, predictions (some of whose runs fail) and commits (echoes of predictions,
+    near misses, unrelated calls): the policy and the ledger keep every safety property."""
     committed = [candidates[i][0] for i in echoed if i < len(candidates)] + fresh_commits
+    # Near misses: a prediction with `x` changed, dropped (default 0) or written as a float.
+    for index, x in variants:
+        if index < len(candidates):
+            base = candidates[index][0]
+            arguments = {k: v for k, v in base.arguments.items() if k != "x"}
+            committed.append(
+                Invocation(
+                    name=base.name, arguments=arguments | ({"x": x} if x is not None else {})
+                )
+            )
     executions: list[tuple[str, Invocation]] = []  # (phase, call): every real execution
 
     # Phase 1, while the main model decodes: predictions start tools only through the policy.
@@ -272,9 +287,13 @@ def test_simulated_requests_keep_the_safety_properties(
     assert Counter(oracle_key(c) for _, c in unsafe_runs) == Counter(
         oracle_key(c) for c in committed if not reusable(tools.get(c.name))
     )
-    # 2. Nothing runs early unless the policy allows it, and nothing twice.
+    # 2. Nothing runs early unless the rules allow it (restated here, not via the code under
+    #    test), and nothing twice.
     early = [c for phase, c in executions if phase == "pre"]
-    assert all(may_pre_execute(tools.get(c.name), enabled, allow_egress) for c in early)
+    for c in early:
+        tool = tools.get(c.name)
+        assert enabled and tool is not None and reusable(tool)
+        assert allow_egress or not tool.egress
     assert len({oracle_key(c) for c in early}) == len(early)
     # 3. Every committed call gets exactly one answer; a pre-executed answer is the successful
     #    result of a canonically equal call, each used once; and one is used whenever it can be
