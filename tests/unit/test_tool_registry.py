@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from enum import Enum
+from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 import pytest
@@ -23,7 +23,7 @@ from app.tools.registry import (
 )
 
 
-class Unit(str, Enum):
+class Unit(StrEnum):
     CELSIUS = "celsius"
     FAHRENHEIT = "fahrenheit"
 
