@@ -122,8 +122,15 @@ class SidecarConfig(_Strict):
     enabled: bool = True
     engine: EngineConfig = Field(default_factory=lambda: EngineConfig(kv_cache_gib=0.5))
     deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
-    top_k: int = Field(1, ge=1, le=4)
-    max_tokens: int = Field(256, ge=16)
+    mode: Literal["slots", "whole"] = Field(
+        "slots",
+        description="'slots': pick the tool, then predict every required argument as its own "
+        "short constrained generation, all batched (fast; the default). 'whole': one "
+        "constrained generation of the whole invocation (pays off with a larger sidecar).",
+    )
+    top_k: int = Field(1, ge=1, le=4, description="Alternatives in 'whole' mode.")
+    max_tokens: int = Field(256, ge=16, description="Token budget of a 'whole' prediction.")
+    slot_max_tokens: int = Field(48, ge=4, description="Token budget of one argument value.")
 
 
 class MainConfig(_Strict):

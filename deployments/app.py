@@ -4,21 +4,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from ray.serve import Application
+from ray.serve import Application, Deployment
 
-from app.config import load_config
+from app.config import DeploymentOptions, load_config
 from deployments.main_model import MainModel
 from deployments.router import Router
 from deployments.sidecar import Sidecar
 
 
+def _deployment(cls: Any, options: DeploymentOptions) -> Deployment:
+    # `@serve.deployment` has turned the class into a Deployment; mypy only sees the class.
+    deployment: Deployment = cls
+    return deployment.options(**options.serve_options())
+
+
 def build_app(args: dict[str, Any] | None = None) -> Application:
     config = load_config(args)
     raw = config.model_dump(mode="json")
-    main = MainModel.options(**config.main.deployment.serve_options()).bind(raw)
+    main = _deployment(MainModel, config.main.deployment).bind(raw)
     sidecar = (
-        Sidecar.options(**config.sidecar.deployment.serve_options()).bind(raw)
+        _deployment(Sidecar, config.sidecar.deployment).bind(raw)
         if config.sidecar.enabled
         else None
     )
-    return Router.options(**config.router.deployment.serve_options()).bind(raw, main, sidecar)
+    return _deployment(Router, config.router.deployment).bind(raw, main, sidecar)

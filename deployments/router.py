@@ -107,7 +107,7 @@ class Router:
     async def _start_sidecar(self, payload: dict[str, Any]) -> Any:
         if self.sidecar is None:
             return None
-        response = self.sidecar.predict.remote(payload)
+        response: Any = self.sidecar.predict.remote(payload)
         return await response._to_object_ref()
 
     async def _main_events(
@@ -115,7 +115,8 @@ class Router:
     ) -> AsyncIterator[dict[str, Any]]:
         refs = [sidecar_ref] if sidecar_ref is not None else []
         try:
-            async for event in self.main.generate.remote(payload, refs):
+            stream: Any = self.main.generate.remote(payload, refs)
+            async for event in stream:
                 yield event
         except ApiError:
             raise

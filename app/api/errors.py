@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 _TYPES = {
@@ -52,7 +53,7 @@ def error_body(
     }
 
 
-def describe_validation_errors(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
+def describe_validation_errors(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str | None]:
     """One readable message (and the first offending field) from pydantic/FastAPI errors."""
     parts = []
     param: str | None = None

@@ -25,18 +25,28 @@ def candidate_remainder(
     Two anchors, tried in order:
     1. `candidate` starts with `generated` (the usual case, also when the candidate arrives
        mid-call: the model has simply written more of it already);
-    2. the longest suffix of `generated` that is a prefix of `candidate`, at least
-       `min_overlap` chars — the model wrote something else first (free text before
-       `<tool_call>`), then started the candidate.
+    2. re-alignment: the longest suffix of `generated` (at least `min_overlap` chars) found
+       anywhere in `candidate`, its last occurrence winning. After the model leaves the
+       candidate — another whitespace, an optional key the candidate lacks, text before
+       `<tool_call>` — this picks the candidate up again as soon as the model writes a key of
+       it (`"city": ` is already 8 chars), and drafts that key's value and the rest.
     None when neither holds (the model has left the candidate).
     """
     if candidate.startswith(generated):
         return candidate[len(generated) :], len(generated)
-    longest = min(len(generated), len(candidate) - 1)
-    for size in range(longest, min_overlap - 1, -1):
-        if generated.endswith(candidate[:size]):
-            return candidate[size:], size
-    return None
+    best_end = -1
+    best_size = 0
+    n = len(generated)
+    # Grow the suffix while it still occurs: a longer suffix contains the shorter one, so the
+    # first size without an occurrence ends the search.
+    for size in range(min_overlap, min(n, len(candidate)) + 1):
+        start = candidate.rfind(generated[n - size :])
+        if start < 0:
+            break
+        best_end, best_size = start + size, size
+    if best_size == 0:
+        return None
+    return candidate[best_end:], best_size
 
 
 def best_remainder(generated: str, candidates: Sequence[str]) -> str | None:

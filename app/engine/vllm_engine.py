@@ -237,8 +237,14 @@ class VllmEngine:
 
         options = dict(sampling)
         schema = options.pop("structured_json", None)
+        choice = options.pop("structured_choice", None)
+        regex = options.pop("structured_regex", None)
         if schema is not None:
             options["structured_outputs"] = StructuredOutputsParams(json=schema)
+        elif choice is not None:
+            options["structured_outputs"] = StructuredOutputsParams(choice=choice)
+        elif regex is not None:
+            options["structured_outputs"] = StructuredOutputsParams(regex=regex)
         params = SamplingParams(**options, output_kind=RequestOutputKind.DELTA)
         loop = asyncio.get_running_loop()
         q: asyncio.Queue[Any] = asyncio.Queue()

@@ -42,3 +42,17 @@ def test_prompt_lookup_finds_latest_ngram() -> None:
     tokens = [1, 2, 3, 4, 9, 9, 1, 2, 3]
     assert prompt_lookup(tokens, k=2, min_n=2, max_n=3) == [4, 9]
     assert prompt_lookup([1, 2, 3], k=2, min_n=2, max_n=3) == []
+
+
+def test_realigns_on_a_key_after_an_extra_optional_key() -> None:
+    candidate = '{"name": "f", "arguments": {"city": "Paris", "days": 3}}'
+    # The main model wrote an optional key the candidate lacks, then went on with "days".
+    generated = '{"name": "f", "arguments": {"city": "Paris", "unit": "c", "days": '
+    assert (candidate_remainder(generated, candidate) or ("",))[0] == "3}}"
+
+
+def test_realigns_after_other_whitespace() -> None:
+    candidate = '[\n{\n    "name": "f",\n    "arguments": {\n        "city": "Paris"\n    }\n}\n]'
+    generated = '[\n{"name": "f", "arguments": {\n    "city": "Pa'
+    remainder, _ = candidate_remainder(generated, candidate) or ("", 0)
+    assert remainder.startswith('ris"')
