@@ -111,6 +111,11 @@ class SpeculationConfig(_Strict):
     prompt_lookup_fallback: bool = Field(
         True, description="Propose from the request's own tokens when no candidate applies."
     )
+    schema_drafts: bool = Field(
+        True,
+        description="Draft a forced call's keys and punctuation from the tool schema alone "
+        "(ToolSpec-style) until the sidecar's candidate arrives.",
+    )
     prompt_lookup_min: int = Field(2, ge=1)
     prompt_lookup_max: int = Field(4, ge=1)
     sidecar_timeout_s: float = Field(

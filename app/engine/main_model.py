@@ -23,6 +23,7 @@ from app.engine.tool_format import (
     forced_output_schema,
     parse_forced,
     parse_free,
+    placeholder_call,
     prepare_messages,
     render_forced_variants,
     render_free,
@@ -115,6 +116,19 @@ class MainModelService:
             return render_forced_variants(calls, prepared.tools, prepared.request.named_tool)
         return [render_free(calls)]
 
+    def schema_candidates(self, prepared: PreparedRequest) -> list[str]:
+        """Keys and punctuation of every callable tool, known before any prediction."""
+        if prepared.mode not in ("required", "named"):
+            return []
+        tools = [
+            t for t in prepared.tools
+            if prepared.mode != "named" or t["function"]["name"] == prepared.request.named_tool
+        ]
+        texts: list[str] = []
+        for tool in tools:
+            texts.extend(self.render_candidate(prepared, [placeholder_call(tool)]))
+        return texts
+
     def intake(
         self,
         prepared: PreparedRequest,
@@ -181,7 +195,7 @@ class MainModelService:
             except Exception as exc:  # a broken sidecar only means plain decoding
                 intake = CandidateIntake(status="error", error=f"{type(exc).__name__}: {exc}")
                 return
-            pending_render.extend(rendered)
+            pending_render[:0] = rendered  # predictions before schema drafts: they win ties
             arrived.set()
             if internal and rendered:
                 self.engine.store.add_candidates(internal[0], rendered)
@@ -191,6 +205,8 @@ class MainModelService:
             if pending_render:
                 self.engine.store.add_candidates(request_id, pending_render)
 
+        if prepared.speculate and self.config.speculation.schema_drafts:
+            pending_render.extend(self.schema_candidates(prepared))
         receiver = asyncio.ensure_future(receive()) if candidates is not None else None
         sampling = dict(prepared.sampling)
         tokens: list[int] = []

@@ -180,6 +180,31 @@ def render_forced_variants(
     return list(dict.fromkeys(variants))
 
 
+def placeholder_call(tool: dict[str, Any]) -> ParsedCall:
+    """The tool's call with its required keys and a placeholder for every value.
+
+    Drafted from the schema alone before any prediction arrives: the keys and punctuation
+    are what the main model will write; at each value the draft is rejected, and the proposer
+    picks the text up again at the next key (see `alignment.candidate_remainder`)."""
+    params = tool["function"].get("parameters") or {}
+    required = set(params.get("required") or [])
+    props = params.get("properties") or {}
+    return ParsedCall(
+        tool["function"]["name"],
+        {k: _placeholder(v) for k, v in props.items() if k in required},
+    )
+
+
+def _placeholder(schema: dict[str, Any]) -> Any:
+    if "enum" in schema and schema["enum"]:
+        return schema["enum"][0]
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = kind[0] if kind else None
+    return {"string": "", "number": 0, "integer": 0, "boolean": False, "array": [],
+            "object": {}}.get(str(kind), None)
+
+
 def render_free(calls: list[ParsedCall]) -> str:
     """Text the model writes for `calls` when decoding freely with the tool prompt."""
     return "\n".join(_call_text(c.name, c.arguments) for c in calls)
