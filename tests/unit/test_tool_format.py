@@ -5,8 +5,10 @@ from app.engine.tool_format import (
     forced_output_schema,
     parse_forced,
     parse_free,
+    placeholder_call,
     prepare_messages,
     render_forced,
+    render_forced_variants,
     render_free,
 )
 
@@ -21,16 +23,36 @@ TOOLS = [
 ]
 
 
-def test_render_forced_orders_keys_like_schema_and_is_compact() -> None:
+def test_render_forced_orders_keys_like_schema() -> None:
     text = render_forced([ParsedCall("get_weather", {"unit": "c", "city": "Paris"})], TOOLS, None)
-    assert text == '[{"name":"get_weather","arguments":{"city":"Paris","unit":"c"}}]'
+    assert text == '[{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}]'
     assert parse_forced(text, None).calls[0].arguments == {"city": "Paris", "unit": "c"}
 
 
 def test_render_forced_named_is_one_object() -> None:
     text = render_forced([ParsedCall("add", {"b": 2, "a": 1})], TOOLS, "add")
-    assert text == '{"name":"add","arguments":{"a":1,"b":2}}'
+    assert text == '{"name": "add", "arguments": {"a": 1, "b": 2}}'
     assert parse_forced(text, "add").calls == [ParsedCall("add", {"a": 1, "b": 2})]
+
+
+def test_variants_cover_the_styles_the_model_writes() -> None:
+    call = [ParsedCall("add", {"a": 1})]
+    variants = render_forced_variants(call, TOOLS, None)
+    # Seen from SmolLM2 under the grammar: items flush left in indent-4 and one-line styles.
+    assert '[\n{\n    "name": "add",\n    "arguments": {\n        "a": 1\n    }\n}\n]' in variants
+    assert '[\n{"name": "add", "arguments": {"a": 1}}\n]' in variants
+    assert len(set(variants)) == len(variants)
+    named = render_forced_variants(call, TOOLS, "add")
+    assert '{\n  "name": "add",\n  "arguments": {\n    "a": 1\n  }\n}' in named
+
+
+def test_placeholder_call_keeps_required_keys_in_order() -> None:
+    call = placeholder_call(TOOLS[0])
+    assert call == ParsedCall("get_weather", {"city": ""})
+    enum_tool = {"type": "function", "function": {"name": "u", "parameters": {
+        "type": "object", "properties": {"unit": {"enum": ["c", "f"]}, "n": {"type": "integer"}},
+        "required": ["unit", "n"]}}}
+    assert placeholder_call(enum_tool).arguments == {"unit": "c", "n": 0}
 
 
 def test_forced_schema_shapes() -> None:
