@@ -10,6 +10,7 @@ from app.config import DeploymentOptions, load_config
 from deployments.main_model import MainModel
 from deployments.router import Router
 from deployments.sidecar import Sidecar
+from deployments.tool_worker import ToolWorker
 
 
 def _deployment(cls: Any, options: DeploymentOptions) -> Deployment:
@@ -27,4 +28,5 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
         if config.sidecar.enabled
         else None
     )
-    return _deployment(Router, config.router.deployment).bind(raw, main, sidecar)
+    tool_worker = _deployment(ToolWorker, config.tool_worker.deployment).bind(raw)
+    return _deployment(Router, config.router.deployment).bind(raw, main, sidecar, tool_worker)

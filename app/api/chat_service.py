@@ -1,28 +1,49 @@
 """Router-side logic of one chat completion, independent of Ray.
 
-The deployment supplies two callables: `start_sidecar(payload)` (returns an opaque token the
-main call carries, or None) and `main_events(payload, token)` (the main model's event stream).
-Everything else — request checks, the OpenAI response and SSE shapes, the `ooo_spec` report —
-lives here so it is testable without a model.
+The deployment supplies two callables — `start_sidecar(payload)` (a `SidecarStart`: the token
+the main call carries plus the prediction for pre-execution, or None) and
+`main_events(payload, token)` (the main model's event stream) — and a `ToolAccess` for the tool
+pool. Everything else — request checks, pre-execution and the agent loop, the OpenAI response
+and SSE shapes, the `ooo_spec` report — lives here so it is testable without a model.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
+from app.api.agent_loop import (
+    Clock,
+    LoopState,
+    PreExecution,
+    SidecarStart,
+    ToolAccess,
+    ToolPolicy,
+    combine_outcomes,
+    run_tool,
+    sum_main,
+)
 from app.api.errors import ApiError, describe_validation_errors
-from app.api.openai_models import ChatCompletionRequest, OooSpecReport
+from app.api.openai_models import (
+    CandidateReport,
+    ChatCompletionRequest,
+    OooSpecReport,
+    Outcome,
+    TimingsReport,
+)
 from app.engine.tool_format import new_call_id
+from app.spec.canonical import Invocation
 from app.spec.reconcile import classify_outcome
 from app.spec.validation import check_schema
 
-StartSidecar = Callable[[dict[str, Any]], Awaitable[Any]]
+StartSidecar = Callable[[dict[str, Any]], Awaitable[SidecarStart | None]]
 MainEvents = Callable[[dict[str, Any], Any], AsyncIterator[dict[str, Any]]]
 
 
@@ -52,10 +73,50 @@ def parse_request(body: bytes, max_bytes: int) -> ChatCompletionRequest:
     return request
 
 
+@dataclass
+class _Turn:
+    """One main-model turn after its commit."""
+
+    final: dict[str, Any]
+    call_ids: list[str]
+    invocations: list[Invocation]
+    commit: float
+    pre: PreExecution | None
+
+
 class ChatService:
-    def __init__(self, model_name: str, sidecar_enabled: bool) -> None:
+    """One chat completion: the sidecar and main fan-out, pre-execution of server-known tools,
+    and — with `ooo_spec.execute_tools` — the agent loop.
+
+    The loop (`execute_tools: true`): each turn fans out to sidecar and main model anew (so
+    every turn is speculated and pre-executed again). When every call the main model commits
+    names a server-known tool (registered on the server and offered in `tools`), the server runs
+    them (reusing pre-executed results on canonical hits), appends the assistant message and
+    the tool messages, and starts the next turn. `max_steps` bounds these tool rounds; after the
+    last one, one more turn runs with `tool_choice: "none"` so the response always ends in a
+    final assistant message (LangChain's `early_stopping_method="generate"`). A turn that
+    commits any call the server does not know ends the loop: its calls go back to the client
+    as ordinary `tool_calls`, unexecuted, and are treated as with `execute_tools: false`.
+
+    With `execute_tools: false` nothing runs after the commit; `tool_results` lists only
+    pre-executed results that match a committed call and were finished when it was committed
+    (same `tool_call_id` as in `tool_calls`), so pre-execution never makes a response slower.
+    Anything else pre-executed is cancelled at the commit.
+    """
+
+    def __init__(
+        self,
+        model_name: str,
+        sidecar_enabled: bool,
+        tools: ToolAccess | None = None,
+        policy: ToolPolicy | None = None,
+        clock: Clock = time.perf_counter,
+    ) -> None:
         self.model_name = model_name
         self.sidecar_enabled = sidecar_enabled
+        self.tools = tools
+        self.policy = policy or ToolPolicy()
+        self.clock = clock
 
     def wants_sidecar(self, request: ChatCompletionRequest) -> bool:
         return (
@@ -70,49 +131,175 @@ class ChatService:
         start_sidecar: StartSidecar,
         main_events: MainEvents,
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-        """('delta', {'text'}) per main-model step, then ('final', completion dict).
+        """('delta', {'text'}) per main-model step, then ('final', completion dict)."""
+        started = self.clock()
+        state = LoopState()
+        turn_request = request
+        while True:
+            turn: _Turn | None = None
+            async for kind, event in self._turn(turn_request, start_sidecar, main_events):
+                if kind == "delta":
+                    yield kind, event
+                else:
+                    turn = event["turn"]
+            assert turn is not None
+            state.finals.append(turn.final)
+            state.outcomes.append(self.outcome(turn_request, turn.final))
+            if await self._executes(request, turn, state):
+                try:
+                    messages = await self._run_round(turn, state)
+                finally:
+                    if turn.pre is not None:
+                        turn.pre.cancel()
+                state.rounds += 1
+                turn_request = self._next_request(request, turn_request, messages, state)
+                continue
+            await self._report_ready(turn, state)
+            yield "final", self.completion(request, turn, state, started)
+            return
 
-        The sidecar is started first and the main call right after, without waiting for the
-        sidecar's answer: the main model starts decoding at once."""
-        started = time.perf_counter()
+    async def _turn(
+        self,
+        request: ChatCompletionRequest,
+        start_sidecar: StartSidecar,
+        main_events: MainEvents,
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """Fan out one turn: the sidecar first, the main call right after without waiting for
+        the sidecar's answer; the prediction feeds pre-execution in the background."""
         payload = request.model_dump(exclude_none=True)
-        token = await start_sidecar(payload) if self.wants_sidecar(request) else None
+        sidecar = await start_sidecar(payload) if self.wants_sidecar(request) else None
+        pre: PreExecution | None = None
+        if sidecar is not None and sidecar.prediction is not None and self.tools is not None:
+            schemas = {t.function.name: t.function.parameters for t in request.tools or []}
+            pre = PreExecution(self.tools, self.policy, schemas, request.named_tool, self.clock)
+            pre.watch(sidecar.prediction)
         final: dict[str, Any] | None = None
-        async for event in main_events(payload, token):
-            kind = event.get("type")
-            if kind == "error":
-                raise ApiError(event["status"], event["message"], event.get("param"),
-                               event.get("code"))
-            if kind == "delta":
-                yield "delta", event
-            elif kind == "final":
-                final = event
+        try:
+            async for event in main_events(payload, sidecar.token if sidecar else None):
+                kind = event.get("type")
+                if kind == "error":
+                    raise ApiError(event["status"], event["message"], event.get("param"),
+                                   event.get("code"))
+                if kind == "delta":
+                    yield "delta", event
+                elif kind == "final":
+                    final = event
+        except BaseException:
+            if pre is not None:
+                pre.cancel()
+            raise
+        commit = self.clock()
         if final is None:
+            if pre is not None:
+                pre.cancel()
             raise ApiError(503, "the main model ended the request without a result")
-        yield "final", self.completion(request, final, started)
+        invocations = [Invocation(name=c["name"], arguments=c["arguments"])
+                       for c in final["calls"]]
+        call_ids = [new_call_id() for _ in invocations]
+        yield "turn", {"turn": _Turn(final, call_ids, invocations, commit, pre)}
 
-    def completion(
-        self, request: ChatCompletionRequest, final: dict[str, Any], started: float
-    ) -> dict[str, Any]:
-        calls = final["calls"]
-        tool_calls = [
+    async def _executes(
+        self, request: ChatCompletionRequest, turn: _Turn, state: LoopState
+    ) -> bool:
+        """Whether the server runs this turn's calls (see the class docstring)."""
+        if not (request.ooo_spec.execute_tools and turn.invocations and self.tools is not None):
+            return False
+        if state.rounds >= request.ooo_spec.max_steps:
+            return False
+        offered = {t.function.name for t in request.tools or []}
+        try:
+            known = await self.tools.specs()
+        except Exception as exc:
+            raise ApiError(503, f"the tool workers are unavailable: {type(exc).__name__}",
+                           code="tools_unavailable") from None
+        return all(c.name in offered and c.name in known for c in turn.invocations)
+
+    async def _run_round(self, turn: _Turn, state: LoopState) -> list[dict[str, Any]]:
+        """Execute the committed calls (pre-executed hits first, the rest concurrently), report
+        them, and return the assistant + tool messages for the next turn."""
+        assert self.tools is not None
+        tools = self.tools
+        hits = (await turn.pre.settle(turn.invocations, wait=True) if turn.pre is not None
+                else [None] * len(turn.invocations))
+        fresh = [
+            run_tool(tools, call, False, self.clock)
+            for call, hit in zip(turn.invocations, hits, strict=True) if hit is None
+        ]
+        ran = iter(await asyncio.gather(*fresh))
+        runs = [hit if hit is not None else next(ran) for hit in hits]
+        # Critical-path tool time: from the commit until the last result was in.
+        state.tools_ms += max(0.0, self.clock() - turn.commit) * 1000
+        for call_id, run in zip(turn.call_ids, runs, strict=True):
+            state.tool_results.append(run.report(call_id, turn.commit))
+        assistant: dict[str, Any] = {
+            "role": "assistant",
+            "content": turn.final["content"] or None,
+            "tool_calls": self._tool_calls(turn),
+        }
+        replies = [
+            {"role": "tool", "tool_call_id": call_id,
+             "content": run.result.content if run.result is not None else ""}
+            for call_id, run in zip(turn.call_ids, runs, strict=True)
+        ]
+        return [assistant, *replies]
+
+    async def _report_ready(self, turn: _Turn, state: LoopState) -> None:
+        """A turn going back to the client: report the pre-executed results that already
+        answer its calls, and stop the rest."""
+        if turn.pre is None:
+            return
+        hits = await turn.pre.settle(turn.invocations, wait=False)
+        for call_id, hit in zip(turn.call_ids, hits, strict=True):
+            if hit is not None:
+                state.tool_results.append(hit.report(call_id, turn.commit))
+
+    def _next_request(
+        self,
+        original: ChatCompletionRequest,
+        current: ChatCompletionRequest,
+        messages: list[dict[str, Any]],
+        state: LoopState,
+    ) -> ChatCompletionRequest:
+        data = current.model_dump(exclude_none=True)
+        data["messages"] = [*data["messages"], *messages]
+        if state.rounds >= original.ooo_spec.max_steps:
+            # The tool budget is spent: one last turn that must answer in text.
+            data["tool_choice"] = "none"
+        return ChatCompletionRequest.model_validate(data)
+
+    @staticmethod
+    def _tool_calls(turn: _Turn) -> list[dict[str, Any]]:
+        return [
             {
-                "id": new_call_id(),
+                "id": call_id,
                 "type": "function",
                 "function": {
-                    "name": c["name"],
-                    "arguments": json.dumps(c["arguments"], ensure_ascii=False),
+                    "name": c.name,
+                    "arguments": json.dumps(c.arguments, ensure_ascii=False),
                 },
             }
-            for c in calls
+            for call_id, c in zip(turn.call_ids, turn.invocations, strict=True)
         ]
+
+    def completion(
+        self,
+        request: ChatCompletionRequest,
+        turn: _Turn,
+        state: LoopState,
+        started: float,
+    ) -> dict[str, Any]:
+        final = turn.final
+        tool_calls = self._tool_calls(turn)
         message: dict[str, Any] = {"role": "assistant", "content": final["content"]}
         if tool_calls:
             message["tool_calls"] = tool_calls
         finish = final["finish_reason"] or "stop"
         if tool_calls and finish == "stop":
             finish = "tool_calls"
-        report = self.report(request, final, started)
+        # Usage over every turn the request caused (what it cost), like `main` in the report.
+        prompt_tokens = sum(f["prompt_tokens"] for f in state.finals)
+        completion_tokens = sum(f["completion_tokens"] for f in state.finals)
+        report = self.report(request, state, started)
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex}",
             "object": "chat.completion",
@@ -121,41 +308,44 @@ class ChatService:
             "choices": [{"index": 0, "message": message, "finish_reason": finish,
                          "logprobs": None}],
             "usage": {
-                "prompt_tokens": final["prompt_tokens"],
-                "completion_tokens": final["completion_tokens"],
-                "total_tokens": final["prompt_tokens"] + final["completion_tokens"],
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
             },
             "ooo_spec": report.model_dump(),
         }
 
-    def report(
-        self, request: ChatCompletionRequest, final: dict[str, Any], started: float
-    ) -> OooSpecReport:
+    def outcome(self, request: ChatCompletionRequest, final: dict[str, Any]) -> Outcome:
         sidecar = final.get("sidecar") or {}
-        speculated = self.wants_sidecar(request)
         schemas = {t.function.name: t.function.parameters for t in request.tools or []}
-        outcome = classify_outcome(
-            speculated=speculated,
+        return classify_outcome(
+            speculated=self.wants_sidecar(request),
             sidecar_status=sidecar.get("status", "none"),
             sidecar_no_call=bool(sidecar.get("no_call")),
             candidates=final.get("candidates") or [],
             committed=final["calls"],
             schemas=schemas,
         )
-        return OooSpecReport.model_validate(
-            {
-                "enabled": speculated,
-                "outcome": outcome,
-                "candidates": final.get("candidates") or [],
-                "main": final["main"],
-                "tool_results": [],
-                "timings_ms": {
-                    "total": (time.perf_counter() - started) * 1000,
-                    "sidecar": sidecar.get("elapsed_ms", 0.0),
-                    "main": final.get("main_ms", 0.0),
-                    "tools": 0.0,
-                },
-            }
+
+    def report(
+        self, request: ChatCompletionRequest, state: LoopState, started: float
+    ) -> OooSpecReport:
+        """The `ooo_spec` object; over a loop, candidates are concatenated, counts and times
+        summed (`agent_loop.sum_main`), outcomes combined (`agent_loop.combine_outcomes`)."""
+        finals = state.finals
+        return OooSpecReport(
+            enabled=self.wants_sidecar(request),
+            outcome=combine_outcomes(state.outcomes),
+            candidates=[CandidateReport.model_validate(c)
+                        for f in finals for c in f.get("candidates") or []],
+            main=sum_main(f["main"] for f in finals),
+            tool_results=state.tool_results,
+            timings_ms=TimingsReport(
+                total=(self.clock() - started) * 1000,
+                sidecar=sum((f.get("sidecar") or {}).get("elapsed_ms", 0.0) for f in finals),
+                main=sum(f.get("main_ms", 0.0) for f in finals),
+                tools=state.tools_ms,
+            ),
         )
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -75,6 +76,16 @@ def output_from_call_result(result: CallToolResult) -> ToolOutput:
         blocks = [block.model_dump(mode="json", by_alias=True) for block in result.content]
         content = pydantic_core.to_json(blocks).decode()
     return ToolOutput(content, bool(result.is_error))
+
+
+# Config files cannot know where the serving venv lives, and a Ray worker's PATH need not
+# include it: a bare "python" means the interpreter running this process (with its packages).
+_SELF_PYTHON = frozenset({"python", "python3"})
+
+
+def server_program(program: str) -> str:
+    """The executable to start: `sys.executable` for a bare "python"/"python3", else as given."""
+    return sys.executable if program in _SELF_PYTHON else program
 
 
 class McpServerConnection:
@@ -184,7 +195,7 @@ class McpServerConnection:
 
     async def _hold(self, listed: asyncio.Future[list[mcp_types.Tool]]) -> None:
         params = StdioServerParameters(
-            command=self.config.command[0],
+            command=server_program(self.config.command[0]),
             args=list(self.config.command[1:]),
             env=dict(self.config.env) or None,
         )

@@ -1,0 +1,365 @@
+"""Pre-execution, reconciliation and the `execute_tools` loop (app.api.agent_loop, ChatService),
+with a scripted main model, a scripted sidecar and an in-process tool pool."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import pytest
+
+from app.api.agent_loop import (
+    PreExecution,
+    SidecarStart,
+    ToolPolicy,
+    combine_outcomes,
+    speculable_calls,
+    sum_main,
+)
+from app.api.chat_service import ChatService
+from app.api.openai_models import ChatCompletionRequest
+from app.spec.canonical import Invocation
+from app.spec.prediction import Prediction
+from app.tools.policy import may_pre_execute
+from app.tools.registry import ToolOutput, ToolRegistry, ToolResult, ToolSpec
+
+KEY_SCHEMA = {
+    "type": "object",
+    "properties": {"key": {"type": "string"}, "mode": {"type": "string", "default": "fast"}},
+    "required": ["key"],
+}
+TEXT_SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
+
+
+class FakePool:
+    """The ToolWorker pool in-process: a real registry, the worker's policy check, a log."""
+
+    def __init__(self, lookup_s: float = 0.05) -> None:
+        self.lookup_s = lookup_s
+        self.calls: list[tuple[str, dict[str, Any], bool]] = []
+        self.cancelled: list[str] = []
+        self.notes: list[str] = []
+        self.registry = ToolRegistry()
+        self.registry.register(
+            ToolSpec(name="lookup", parameters=KEY_SCHEMA, idempotent=True, speculate="always",
+                     timeout_s=5, source="python"),
+            self._lookup,
+        )
+        self.registry.register(
+            ToolSpec(name="note", parameters=TEXT_SCHEMA, idempotent=False, speculate="never",
+                     timeout_s=5, source="python"),
+            self._note,
+        )
+
+    async def _lookup(self, arguments: dict[str, Any]) -> ToolOutput:
+        await asyncio.sleep(self.lookup_s)
+        return ToolOutput(f"value of {arguments['key']}")
+
+    async def _note(self, arguments: dict[str, Any]) -> ToolOutput:
+        self.notes.append(arguments["text"])
+        return ToolOutput("saved")
+
+    async def specs(self) -> Mapping[str, ToolSpec]:
+        return {spec.name: spec for spec in self.registry.specs()}
+
+    async def execute(self, name: str, arguments: dict[str, Any], speculative: bool) -> ToolResult:
+        self.calls.append((name, arguments, speculative))
+        if speculative and not may_pre_execute(self.registry.get(name), True, False):
+            return ToolResult(name=name, content="refused", is_error=True, latency_ms=0)
+        try:
+            return await self.registry.execute(name, arguments)
+        except asyncio.CancelledError:
+            self.cancelled.append(name)
+            raise
+
+
+def final(calls: list[dict[str, Any]], content: str | None = None) -> dict[str, Any]:
+    return {
+        "type": "final",
+        "content": content,
+        "calls": calls,
+        "finish_reason": "stop",
+        "prompt_tokens": 10,
+        "completion_tokens": 5,
+        "main": {"steps": 3, "completion_tokens": 5, "drafted_tokens": 4, "accepted_tokens": 2,
+                 "ttft_ms": 7.0, "decode_ms": 20.0},
+        "candidates": [],
+        "sidecar": {"status": "received", "elapsed_ms": 5.0, "no_call": False},
+        "main_ms": 30.0,
+    }
+
+
+class Script:
+    """A main model that commits the scripted finals, one per turn, after `decode_s`, and a
+    sidecar whose prediction arrives after `predict_s`."""
+
+    def __init__(
+        self,
+        finals: list[dict[str, Any]],
+        predictions: list[list[dict[str, Any]]] | None = None,
+        decode_s: float = 0.2,
+        predict_s: float = 0.01,
+    ) -> None:
+        self.finals = finals
+        self.predictions = predictions or []
+        self.decode_s = decode_s
+        self.predict_s = predict_s
+        self.payloads: list[dict[str, Any]] = []
+        self.sidecar_payloads: list[dict[str, Any]] = []
+
+    async def start_sidecar(self, payload: dict[str, Any]) -> SidecarStart:
+        turn = len(self.sidecar_payloads)
+        self.sidecar_payloads.append(payload)
+        calls = self.predictions[turn] if turn < len(self.predictions) else []
+
+        async def predict() -> dict[str, Any]:
+            await asyncio.sleep(self.predict_s)
+            return Prediction.model_validate({"candidates": [calls] if calls else []}).model_dump()
+
+        return SidecarStart(token=f"ref-{turn}", prediction=asyncio.ensure_future(predict()))
+
+    async def main_events(
+        self, payload: dict[str, Any], token: Any
+    ) -> AsyncIterator[dict[str, Any]]:
+        turn = len(self.payloads)
+        self.payloads.append(payload)
+        yield {"type": "delta", "text": "x"}
+        await asyncio.sleep(self.decode_s)
+        yield self.finals[turn]
+
+
+def request(
+    *,
+    execute_tools: bool = False,
+    max_steps: int = 4,
+    tool_choice: Any = "required",
+    enabled: bool = True,
+) -> ChatCompletionRequest:
+    tools = [
+        {"type": "function", "function": {"name": n, "parameters": s}}
+        for n, s in (("lookup", KEY_SCHEMA), ("note", TEXT_SCHEMA), ("get_weather", TEXT_SCHEMA))
+    ]
+    return ChatCompletionRequest.model_validate(
+        {
+            "messages": [{"role": "user", "content": "go"}],
+            "tools": tools,
+            "tool_choice": tool_choice,
+            "ooo_spec": {"enabled": enabled, "execute_tools": execute_tools,
+                         "max_steps": max_steps},
+        }
+    )
+
+
+async def complete(
+    service: ChatService, req: ChatCompletionRequest, script: Script
+) -> dict[str, Any]:
+    result: dict[str, Any] | None = None
+    async for kind, event in service.events(req, script.start_sidecar, script.main_events):
+        if kind == "final":
+            result = event
+    assert result is not None
+    return result
+
+
+def lookup(key: str, **extra: Any) -> dict[str, Any]:
+    return {"name": "lookup", "arguments": {"key": key, **extra}}
+
+
+async def test_hit_without_execute_tools_reports_the_finished_result() -> None:
+    pool = FakePool(lookup_s=0.05)
+    script = Script([final([lookup("a")])], predictions=[[lookup("a")]], decode_s=0.2)
+    out = await complete(ChatService("m", True, pool), request(), script)
+    call = out["choices"][0]["message"]["tool_calls"][0]
+    [result] = out["ooo_spec"]["tool_results"]
+    assert result["tool_call_id"] == call["id"]
+    assert result["speculative"] is True and result["content"] == "value of a"
+    # Finished before the commit: the whole latency overlapped decoding.
+    assert result["saved_ms"] == pytest.approx(result["latency_ms"])
+    assert result["latency_ms"] >= 45
+    assert pool.calls == [("lookup", {"key": "a"}, True)]
+    assert out["ooo_spec"]["timings_ms"]["tools"] == 0.0
+
+
+async def test_without_execute_tools_a_run_still_in_flight_is_not_awaited() -> None:
+    pool = FakePool(lookup_s=1.0)
+    script = Script([final([lookup("a")])], predictions=[[lookup("a")]], decode_s=0.05)
+    out = await complete(ChatService("m", True, pool), request(), script)
+    assert out["ooo_spec"]["tool_results"] == []
+    assert out["ooo_spec"]["timings_ms"]["total"] < 500
+    await asyncio.sleep(0)
+    assert pool.cancelled == ["lookup"]
+
+
+async def test_canonical_hit_with_defaults_and_in_flight_wait_under_execute_tools() -> None:
+    pool = FakePool(lookup_s=0.3)
+    # Committed with the schema default written out: canonically the same call.
+    script = Script(
+        [final([lookup("a", mode="fast")]), final([], content="done")],
+        predictions=[[lookup("a")]],
+        decode_s=0.1,
+    )
+    out = await complete(ChatService("m", True, pool), request(execute_tools=True), script)
+    [result] = out["ooo_spec"]["tool_results"]
+    assert result["speculative"] is True
+    assert 250 <= result["latency_ms"] < 600
+    # Overlap ends at the commit (~0.1 s after dispatch), not at the finish.
+    assert 50 <= result["saved_ms"] < result["latency_ms"] - 100
+    assert [c[2] for c in pool.calls] == [True]  # never run twice
+    assert out["ooo_spec"]["timings_ms"]["tools"] > 100
+    assert out["choices"][0]["message"] == {"role": "assistant", "content": "done"}
+
+
+async def test_miss_is_cancelled_and_the_committed_call_runs_after_the_commit() -> None:
+    pool = FakePool(lookup_s=0.5)
+    script = Script(
+        [final([lookup("b")]), final([], content="ok")],
+        predictions=[[lookup("a")]],
+        decode_s=0.05,
+    )
+    out = await complete(ChatService("m", True, pool), request(execute_tools=True), script)
+    [result] = out["ooo_spec"]["tool_results"]
+    assert (result["content"], result["speculative"], result["saved_ms"]) == (
+        "value of b", False, 0.0)
+    assert pool.calls == [("lookup", {"key": "a"}, True), ("lookup", {"key": "b"}, False)]
+    await asyncio.sleep(0)
+    assert pool.cancelled == ["lookup"]
+
+
+async def test_non_idempotent_tool_is_never_pre_executed() -> None:
+    pool = FakePool()
+    note = {"name": "note", "arguments": {"text": "hi"}}
+    script = Script([final([note]), final([], content="ok")], predictions=[[note]])
+    out = await complete(ChatService("m", True, pool), request(execute_tools=True), script)
+    assert pool.calls == [("note", {"text": "hi"}, False)]
+    assert pool.notes == ["hi"]
+    [result] = out["ooo_spec"]["tool_results"]
+    assert result["speculative"] is False
+
+
+async def test_pre_execution_switched_off_by_policy() -> None:
+    pool = FakePool()
+    script = Script([final([lookup("a")])], predictions=[[lookup("a")]])
+    service = ChatService("m", True, pool, ToolPolicy(pre_execute=False))
+    out = await complete(service, request(), script)
+    assert pool.calls == [] and out["ooo_spec"]["tool_results"] == []
+
+
+async def test_loop_runs_max_steps_rounds_then_a_final_text_turn() -> None:
+    pool = FakePool(lookup_s=0.01)
+    script = Script(
+        [final([lookup("a")]), final([lookup("b")]), final([], content="the answer")],
+        predictions=[[lookup("a")], [lookup("b")]],
+    )
+    named = {"type": "function", "function": {"name": "lookup"}}
+    req = request(execute_tools=True, max_steps=2, tool_choice=named)
+    out = await complete(ChatService("m", True, pool), req, script)
+    message = out["choices"][0]["message"]
+    assert message == {"role": "assistant", "content": "the answer"}
+    assert out["choices"][0]["finish_reason"] == "stop"
+    results = out["ooo_spec"]["tool_results"]
+    assert [r["content"] for r in results] == ["value of a", "value of b"]
+    assert all(r["speculative"] for r in results)
+    # Each turn is fanned out anew; the last one must answer, so it is not speculated.
+    assert len(script.payloads) == 3 and len(script.sidecar_payloads) == 2
+    assert [p.get("tool_choice") for p in script.payloads] == [named, named, "none"]
+    second = script.payloads[1]["messages"]
+    assert [m["role"] for m in second] == ["user", "assistant", "tool"]
+    assert second[1]["tool_calls"][0]["id"] == second[2]["tool_call_id"] == results[0][
+        "tool_call_id"]
+    assert json.loads(second[1]["tool_calls"][0]["function"]["arguments"]) == {"key": "a"}
+    assert second[2]["content"] == "value of a"
+    third = script.payloads[2]["messages"]
+    assert [m["role"] for m in third] == ["user", "assistant", "tool", "assistant", "tool"]
+    main = out["ooo_spec"]["main"]
+    assert (main["steps"], main["completion_tokens"], main["ttft_ms"]) == (9, 15, 7.0)
+    assert out["usage"] == {"prompt_tokens": 30, "completion_tokens": 15, "total_tokens": 45}
+    assert out["ooo_spec"]["timings_ms"]["main"] == 90.0
+
+
+async def test_unknown_tool_ends_the_loop_and_goes_back_to_the_client() -> None:
+    pool = FakePool(lookup_s=0.01)
+    weather = {"name": "get_weather", "arguments": {"text": "Paris"}}
+    script = Script([final([lookup("a"), weather])], predictions=[[lookup("a")]])
+    out = await complete(ChatService("m", True, pool), request(execute_tools=True), script)
+    message = out["choices"][0]["message"]
+    assert [c["function"]["name"] for c in message["tool_calls"]] == ["lookup", "get_weather"]
+    assert out["choices"][0]["finish_reason"] == "tool_calls"
+    # Nothing ran after the commit; the finished pre-execution is reported for the client.
+    [result] = out["ooo_spec"]["tool_results"]
+    assert result["tool_call_id"] == message["tool_calls"][0]["id"]
+    assert [c[2] for c in pool.calls] == [True]
+    assert len(script.payloads) == 1
+
+
+async def test_parallel_identical_calls_use_one_pre_execution_each() -> None:
+    pool = FakePool(lookup_s=0.01)
+    script = Script([final([lookup("a"), lookup("a")]), final([], content="ok")],
+                    predictions=[[lookup("a")]])
+    out = await complete(ChatService("m", True, pool), request(execute_tools=True), script)
+    assert [r["speculative"] for r in out["ooo_spec"]["tool_results"]] == [True, False]
+    assert [c[2] for c in pool.calls] == [True, False]
+
+
+async def test_disabled_speculation_still_runs_the_loop() -> None:
+    pool = FakePool(lookup_s=0.01)
+    script = Script([final([lookup("a")]), final([], content="ok")])
+    out = await complete(ChatService("m", True, pool), request(execute_tools=True, enabled=False),
+                         script)
+    assert script.sidecar_payloads == []
+    assert out["ooo_spec"]["outcome"] == "disabled"
+    [result] = out["ooo_spec"]["tool_results"]
+    assert result["speculative"] is False
+
+
+async def test_prediction_after_the_commit_starts_nothing() -> None:
+    pool = FakePool()
+    script = Script([final([lookup("a")])], predictions=[[lookup("a")]], decode_s=0.01,
+                    predict_s=0.2)
+    out = await complete(ChatService("m", True, pool), request(), script)
+    await asyncio.sleep(0.3)
+    assert pool.calls == [] and out["ooo_spec"]["tool_results"] == []
+
+
+def test_speculable_calls_filters_invalid_unknown_and_unforced() -> None:
+    specs = {"lookup": ToolSpec(name="lookup", parameters=KEY_SCHEMA, idempotent=True,
+                                speculate="always", timeout_s=1, source="python")}
+    schemas = {"lookup": KEY_SCHEMA, "other": TEXT_SCHEMA}
+    prediction = Prediction.model_validate({"candidates": [
+        [lookup("a"), {"name": "lookup", "arguments": {"key": 3}}],
+        [{"name": "other", "arguments": {"text": "t"}}, {"name": "nope", "arguments": {}}],
+    ]})
+    assert speculable_calls(prediction, schemas, specs, None) == [
+        Invocation(name="lookup", arguments={"key": "a"})]
+    assert speculable_calls(prediction, schemas, specs, "other") == []
+    failed = Prediction(error="boom", candidates=prediction.candidates)
+    assert speculable_calls(failed, schemas, specs, None) == []
+
+
+async def test_failed_prediction_means_no_pre_execution() -> None:
+    pool = FakePool()
+    pre = PreExecution(pool, ToolPolicy(), {"lookup": KEY_SCHEMA})
+    broken: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    broken.set_exception(RuntimeError("sidecar died"))
+    pre.watch(broken)
+    await asyncio.sleep(0.01)
+    assert await pre.settle([Invocation(name="lookup", arguments={"key": "a"})], wait=True) == [
+        None]
+    assert pool.calls == []
+
+
+def test_combine_outcomes() -> None:
+    assert combine_outcomes(["hit", "hit", "disabled"]) == "hit"
+    assert combine_outcomes(["hit", "miss"]) == "partial"
+    assert combine_outcomes(["miss", "sidecar_late"]) == "miss"
+    assert combine_outcomes(["disabled"]) == "disabled"
+
+
+def test_sum_main() -> None:
+    a = {"steps": 2, "completion_tokens": 4, "drafted_tokens": 1, "accepted_tokens": 1,
+         "ttft_ms": 5.0, "decode_ms": 10.0}
+    b = {**a, "ttft_ms": 99.0}
+    total = sum_main([a, b])
+    assert (total.steps, total.completion_tokens, total.ttft_ms, total.decode_ms) == (
+        4, 8, 5.0, 20.0)
