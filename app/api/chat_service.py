@@ -145,18 +145,21 @@ class ChatService:
             assert turn is not None
             state.finals.append(turn.final)
             state.outcomes.append(self.outcome(turn_request, turn.final))
-            if await self._executes(request, turn, state):
-                try:
+            messages: list[dict[str, Any]] | None = None
+            try:
+                if await self._executes(request, turn, state):
                     messages = await self._run_round(turn, state)
-                finally:
-                    if turn.pre is not None:
-                        turn.pre.cancel()
-                state.rounds += 1
-                turn_request = self._next_request(request, turn_request, messages, state)
-                continue
-            await self._report_ready(turn, state)
-            yield "final", self.completion(request, turn, state, started)
-            return
+                else:
+                    await self._report_ready(turn, state)
+            finally:
+                # Whatever happened (a dropped client, the deadline), no run outlives its turn.
+                if turn.pre is not None:
+                    turn.pre.cancel()
+            if messages is None:
+                yield "final", self.completion(request, turn, state, started)
+                return
+            state.rounds += 1
+            turn_request = self._next_request(request, turn_request, messages, state)
 
     async def _turn(
         self,

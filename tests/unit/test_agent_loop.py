@@ -363,3 +363,16 @@ def test_sum_main() -> None:
     total = sum_main([a, b])
     assert (total.steps, total.completion_tokens, total.ttft_ms, total.decode_ms) == (
         4, 8, 5.0, 20.0)
+
+
+async def test_a_dropped_request_cancels_its_pre_executions() -> None:
+    pool = FakePool(lookup_s=5.0)
+    script = Script([final([lookup("a")])], predictions=[[lookup("a")]], decode_s=5.0)
+    consumer = asyncio.ensure_future(complete(ChatService("m", True, pool), request(), script))
+    await asyncio.sleep(0.1)  # the prediction is in and the run dispatched
+    assert pool.calls == [("lookup", {"key": "a"}, True)]
+    consumer.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await consumer
+    await asyncio.sleep(0)
+    assert pool.cancelled == ["lookup"]
