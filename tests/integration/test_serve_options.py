@@ -192,11 +192,10 @@ def test_every_deployment_registered(held: dict[str, Any], name: str) -> None:
 def test_options_reach_serve(held: dict[str, Any], name: str, section: str) -> None:
     config, options = _expected(name, section)
     deployment_name = SECTIONS[section]
-    if section == "sidecar" and not config.sidecar.enabled:
-        pytest.skip(f"{name}: sidecar disabled")
     deployments = (held["applications"][name] or {}).get("deployments", {})
-    if section == "tool_worker" and deployment_name not in deployments:
-        pytest.skip(f"{name}: build_app has no ToolWorker deployment")
+    if section == "sidecar" and not config.sidecar.enabled:
+        assert deployment_name not in deployments, sorted(deployments)
+        return
     assert deployment_name in deployments, sorted(deployments)
     deployment = deployments[deployment_name]
     held_config = deployment["deployment_config"]
