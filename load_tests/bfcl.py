@@ -29,7 +29,6 @@ tuples are lists. Strings compare after BFCL's standardisation: lowercase, with 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -42,6 +41,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from app.engine.embedded_model import model_home
 from app.spec.canonical import Invocation
 from app.spec.validation import validate_arguments
 
@@ -119,13 +119,8 @@ class BfclCase(BaseModel):
 # ---------------------------------------------------------------- locating the data
 
 
-def ooo_spec_home() -> Path:
-    """`$OOO_SPEC_HOME`, else `$XDG_CACHE_HOME/ooo-spec`, else `~/.cache/ooo-spec`."""
-    explicit = os.environ.get("OOO_SPEC_HOME")
-    if explicit:
-        return Path(explicit).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache).expanduser() / "ooo-spec"
+# One cache root for the whole project (models, wheels, datasets).
+ooo_spec_home = model_home
 
 
 def bfcl_wheel(cache_dir: Path | None = None) -> Path:
