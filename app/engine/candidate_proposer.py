@@ -81,7 +81,6 @@ class CandidateProposer:
                 prompt_len = int(batch.num_prompt_tokens[row])
                 generated = token_ids_cpu[row, prompt_len:num_tokens].tolist()
                 draft = self._candidate_draft(generated, entry.candidates, budget)
-            from_candidate = bool(draft)
             if not draft and self.prompt_lookup_fallback:
                 draft = prompt_lookup(
                     token_ids_cpu[row, :num_tokens].tolist(),
@@ -91,7 +90,7 @@ class CandidateProposer:
                 )
             if draft:
                 drafts[row] = draft
-                self.store.record_draft(req_ids[row], len(draft), from_candidate)
+                self.store.record_draft(req_ids[row], len(draft))
         return drafts
 
     def _candidate_draft(self, generated: list[int], candidates: list[str], k: int) -> list[int]:

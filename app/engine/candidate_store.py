@@ -18,7 +18,6 @@ class RequestSpeculation:
     # candidate and whitespace style).
     candidates: list[str] = field(default_factory=list)
     drafted_tokens: int = 0
-    candidate_drafted_tokens: int = 0
 
 
 class CandidateStore:
@@ -44,13 +43,11 @@ class CandidateStore:
         with self._lock:
             return self._requests.get(request_id)
 
-    def record_draft(self, request_id: str, drafted: int, from_candidate: bool) -> None:
+    def record_draft(self, request_id: str, drafted: int) -> None:
         with self._lock:
             entry = self._requests.get(request_id)
             if entry is not None:
                 entry.drafted_tokens += drafted
-                if from_candidate:
-                    entry.candidate_drafted_tokens += drafted
 
     def close(self, request_id: str) -> RequestSpeculation | None:
         with self._lock:

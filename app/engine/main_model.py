@@ -28,7 +28,7 @@ from app.engine.tool_format import (
     render_forced_variants,
     render_free,
 )
-from app.engine.vllm_engine import GenerationResult, VllmEngine
+from app.engine.vllm_engine import GenerationTally, VllmEngine
 from app.spec.prediction import Prediction
 from app.spec.validation import validate_arguments
 
@@ -70,11 +70,9 @@ class MainModelService:
     def prepare(self, request: ChatCompletionRequest) -> PreparedRequest:
         mode = request.effective_tool_choice
         tools = request.tool_dicts() if mode != "none" else []
-        messages = prepare_messages(request.message_dicts(), tools or None)
-        prompt_text = self.engine.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True
+        prompt = self.engine.chat_prompt_ids(
+            prepare_messages(request.message_dicts(), tools or None)
         )
-        prompt = list(self.engine.tokenizer.encode(prompt_text, add_special_tokens=False))
         limit = self.config.main.engine.max_model_len
         if len(prompt) >= limit:
             raise ApiError(
@@ -208,27 +206,12 @@ class MainModelService:
         if prepared.speculate and self.config.speculation.schema_drafts:
             pending_render.extend(self.schema_candidates(prepared))
         receiver = asyncio.ensure_future(receive()) if candidates is not None else None
-        sampling = dict(prepared.sampling)
-        tokens: list[int] = []
-        text_parts: list[str] = []
-        steps = 0
-        first: float | None = None
-        last = started
-        finish: str | None = None
-        drafted = 0
+        tally = GenerationTally(len(prepared.prompt_token_ids), started)
         try:
             async for delta in self.engine.stream(
-                prepared.prompt_token_ids, sampling, prepared.speculate, on_start
+                prepared.prompt_token_ids, dict(prepared.sampling), prepared.speculate, on_start
             ):
-                if delta.token_ids:
-                    steps += 1
-                    tokens.extend(delta.token_ids)
-                    first = first or delta.time
-                    last = delta.time
-                text_parts.append(delta.text)
-                finish = delta.finish_reason or finish
-                if delta.speculation is not None:
-                    drafted = delta.speculation.drafted_tokens
+                tally.add(delta)
                 if delta.text:
                     yield {"type": "delta", "text": delta.text}
         finally:
@@ -236,17 +219,8 @@ class MainModelService:
                 receiver.cancel()
                 if intake.status == "pending":
                     intake = CandidateIntake(status="late")
-        first = first or last
-        result = GenerationResult(
-            token_ids=tokens,
-            text="".join(text_parts),
-            finish_reason=finish,
-            prompt_tokens=len(prepared.prompt_token_ids),
-            steps=steps,
-            ttft_ms=(first - started) * 1000,
-            decode_ms=(last - first) * 1000,
-            speculation=None,
-        )
+        result = tally.result()
+        drafted = result.speculation.drafted_tokens if result.speculation else 0
         parsed = self.parse(prepared, result.text)
         yield {
             "type": "final",

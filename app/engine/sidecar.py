@@ -34,11 +34,7 @@ class SidecarService:
         self.engine.start()
 
     def prompt(self, request: ChatCompletionRequest, tools: list[dict[str, Any]]) -> list[int]:
-        messages = prepare_messages(request.message_dicts(), tools)
-        text = self.engine.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True
-        )
-        return list(self.engine.tokenizer.encode(text, add_special_tokens=False))
+        return self.engine.chat_prompt_ids(prepare_messages(request.message_dicts(), tools))
 
     async def predict(self, request: ChatCompletionRequest) -> Prediction:
         started = time.perf_counter()

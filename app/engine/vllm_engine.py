@@ -60,6 +60,46 @@ class GenerationResult:
         return max(0, len(self.token_ids) - self.steps)
 
 
+class GenerationTally:
+    """Folds one request's step deltas into a `GenerationResult`: the one place that counts
+    forward passes, tokens and the time to first token."""
+
+    def __init__(self, prompt_tokens: int, started: float) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.started = started
+        self.tokens: list[int] = []
+        self.text: list[str] = []
+        self.steps = 0
+        self.first: float | None = None
+        self.last = started
+        self.finish: str | None = None
+        self.speculation: RequestSpeculation | None = None
+
+    def add(self, delta: StepDelta) -> None:
+        if delta.token_ids:
+            self.steps += 1
+            self.tokens.extend(delta.token_ids)
+            if self.first is None:
+                self.first = delta.time
+            self.last = delta.time
+        self.text.append(delta.text)
+        self.finish = delta.finish_reason or self.finish
+        self.speculation = delta.speculation or self.speculation
+
+    def result(self) -> GenerationResult:
+        first = self.first or self.last
+        return GenerationResult(
+            token_ids=self.tokens,
+            text="".join(self.text),
+            finish_reason=self.finish,
+            prompt_tokens=self.prompt_tokens,
+            steps=self.steps,
+            ttft_ms=(first - self.started) * 1000,
+            decode_ms=(self.last - first) * 1000,
+            speculation=self.speculation,
+        )
+
+
 class EngineError(RuntimeError):
     pass
 
@@ -67,8 +107,9 @@ class EngineError(RuntimeError):
 def _set_engine_env(cfg: EngineConfig) -> None:
     # Read by vLLM at import/engine-build time, so they must be set before either.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.kv_cache_gib))))
-    if cfg.kv_cache_gib < 1:
+    if cfg.kv_cache_gib >= 1:
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(round(cfg.kv_cache_gib)))
+    else:
         # VLLM_CPU_KVCACHE_SPACE takes whole GiB; smaller caches go through kv_cache_memory.
         os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
     if cfg.cpu_bind:
@@ -154,6 +195,13 @@ class VllmEngine:
     @property
     def eos_token_id(self) -> int | None:
         return getattr(self.tokenizer, "eos_token_id", None)
+
+    def chat_prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        """Token ids of `messages` through the model's chat template, ready for an answer."""
+        text = self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def num_unfinished(self) -> int:
         """Requests the engine still holds (engine's own count), for leak checks."""
@@ -302,32 +350,7 @@ class VllmEngine:
         speculate: bool = False,
         on_start: Any = None,
     ) -> GenerationResult:
-        start = time.perf_counter()
-        tokens: list[int] = []
-        text: list[str] = []
-        steps = 0
-        first: float | None = None
-        last = start
-        finish: str | None = None
-        spec: RequestSpeculation | None = None
+        tally = GenerationTally(len(prompt_token_ids), time.perf_counter())
         async for delta in self.stream(prompt_token_ids, sampling, speculate, on_start):
-            if delta.token_ids:
-                steps += 1
-                tokens.extend(delta.token_ids)
-                if first is None:
-                    first = delta.time
-                last = delta.time
-            text.append(delta.text)
-            finish = delta.finish_reason or finish
-            spec = delta.speculation or spec
-        first = first or last
-        return GenerationResult(
-            token_ids=tokens,
-            text="".join(text),
-            finish_reason=finish,
-            prompt_tokens=len(prompt_token_ids),
-            steps=steps,
-            ttft_ms=(first - start) * 1000,
-            decode_ms=(last - first) * 1000,
-            speculation=spec,
-        )
+            tally.add(delta)
+        return tally.result()

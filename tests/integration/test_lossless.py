@@ -70,11 +70,7 @@ def engine() -> Iterator[VllmEngine]:
 
 
 def _prompt(engine: VllmEngine, text: str) -> list[int]:
-    messages = prepare_messages([{"role": "user", "content": text}], TOOLS)
-    rendered = engine.tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=True
-    )
-    return list(engine.tokenizer.encode(rendered, add_special_tokens=False))
+    return engine.chat_prompt_ids(prepare_messages([{"role": "user", "content": text}], TOOLS))
 
 
 async def _run(
