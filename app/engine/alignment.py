@@ -18,7 +18,7 @@ MIN_OVERLAP_CHARS = 8
 
 
 def candidate_remainder(
-    generated: str, candidate: str, min_overlap: int = MIN_OVERLAP_CHARS
+    generated: str, candidate: str, min_overlap: int | None = MIN_OVERLAP_CHARS
 ) -> tuple[str, int] | None:
     """Where `generated` is in `candidate`: (text still to come, length of the match).
 
@@ -30,10 +30,13 @@ def candidate_remainder(
        candidate — another whitespace, an optional key the candidate lacks, text before
        `<tool_call>` — this picks the candidate up again as soon as the model writes a key of
        it (`"city": ` is already 8 chars), and drafts that key's value and the rest.
-    None when neither holds (the model has left the candidate).
+    None when neither holds (the model has left the candidate). `min_overlap=None` turns
+    re-alignment off (prefix only).
     """
     if candidate.startswith(generated):
         return candidate[len(generated) :], len(generated)
+    if min_overlap is None:
+        return None
     best_end = -1
     best_size = 0
     n = len(generated)
@@ -49,13 +52,17 @@ def candidate_remainder(
     return candidate[best_end:], best_size
 
 
-def best_remainder(generated: str, candidates: Sequence[str]) -> str | None:
+def best_remainder(
+    generated: str, candidates: Sequence[str], realign: bool = True
+) -> str | None:
     """The remainder of the candidate that agrees with most of the output (ties: first).
 
-    A candidate already written in full gives "" (only the end of the output is left)."""
+    A candidate already written in full gives "" (only the end of the output is left).
+    `realign=False`: prefixes only (to measure what re-alignment is worth)."""
     best: tuple[str, int] | None = None
+    min_overlap = MIN_OVERLAP_CHARS if realign else None
     for candidate in candidates:
-        found = candidate_remainder(generated, candidate)
+        found = candidate_remainder(generated, candidate, min_overlap)
         if found is not None and (best is None or found[1] > best[1]):
             best = found
     return None if best is None else best[0]

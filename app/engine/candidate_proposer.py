@@ -80,7 +80,9 @@ class CandidateProposer:
             if entry.candidates:
                 prompt_len = int(batch.num_prompt_tokens[row])
                 generated = token_ids_cpu[row, prompt_len:num_tokens].tolist()
-                draft = self._candidate_draft(generated, entry.candidates, budget)
+                draft = self._candidate_draft(
+                    generated, entry.candidates, budget, entry.realign
+                )
             if not draft and self.prompt_lookup_fallback:
                 draft = prompt_lookup(
                     token_ids_cpu[row, :num_tokens].tolist(),
@@ -93,9 +95,11 @@ class CandidateProposer:
                 self.store.record_draft(req_ids[row], len(draft))
         return drafts
 
-    def _candidate_draft(self, generated: list[int], candidates: list[str], k: int) -> list[int]:
+    def _candidate_draft(
+        self, generated: list[int], candidates: list[str], k: int, realign: bool = True
+    ) -> list[int]:
         text = self.tokenizer.decode(generated, skip_special_tokens=False)
-        remainder = best_remainder(text, candidates)
+        remainder = best_remainder(text, candidates, realign)
         if remainder is None:
             return []
         ids = self.tokenizer.encode(remainder, add_special_tokens=False)[:k] if remainder else []

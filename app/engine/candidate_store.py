@@ -18,6 +18,8 @@ class RequestSpeculation:
     # candidate and whitespace style).
     candidates: list[str] = field(default_factory=list)
     drafted_tokens: int = 0
+    # Off only to measure what re-alignment after a divergence is worth (benchmarks).
+    realign: bool = True
 
 
 class CandidateStore:
@@ -25,9 +27,9 @@ class CandidateStore:
         self._lock = threading.Lock()
         self._requests: dict[str, RequestSpeculation] = {}
 
-    def open(self, request_id: str, enabled: bool) -> None:
+    def open(self, request_id: str, enabled: bool, realign: bool = True) -> None:
         with self._lock:
-            self._requests[request_id] = RequestSpeculation(enabled=enabled)
+            self._requests[request_id] = RequestSpeculation(enabled=enabled, realign=realign)
 
     def add_candidates(self, request_id: str, candidates: list[str]) -> bool:
         """Attach candidates; False when the request is already gone (finished/aborted)."""

@@ -56,3 +56,12 @@ def test_realigns_after_other_whitespace() -> None:
     generated = '[\n{"name": "f", "arguments": {\n    "city": "Pa'
     remainder, _ = candidate_remainder(generated, candidate) or ("", 0)
     assert remainder.startswith('ris"')
+
+
+def test_realign_off_keeps_only_prefixes() -> None:
+    candidate = '{"name": "f", "arguments": {"city": "Paris", "days": 3}}'
+    generated = '{"name": "f", "arguments": {"city": "Paris", "unit": "c", "days": '
+    assert candidate_remainder(generated, candidate, min_overlap=None) is None
+    assert best_remainder(generated, [candidate], realign=False) is None
+    assert best_remainder(generated, [candidate]) == "3}}"
+    assert best_remainder('{"name": "f"', [candidate], realign=False) == candidate[12:]
