@@ -137,7 +137,7 @@ def _bench(args: argparse.Namespace) -> int:
 def add_bench_command(subparsers: Subparsers) -> None:
     bench = subparsers.add_parser(
         "bench",
-        help="compare decoding modes (plain vs ooo, ...) on a dataset against a server",
+        help="compare decoding modes (plain, ngram, ooo, ooo+tools) on datasets against a server",
         description="Send every case of a dataset once per mode to an OpenAI-compatible "
         "ooo-spec server (interleaved case by case, mode order rotated per case), then print "
         "per-mode statistics and ratios against `plain`, and write every request's numbers "
@@ -146,11 +146,14 @@ def add_bench_command(subparsers: Subparsers) -> None:
     )
     bench.add_argument("--dataset", default="bfcl:simple_python",
                        help="comma-separated datasets, e.g. bfcl:simple_python,multiple,parallel,"
-                       "parallel_multiple or bfcl:core (default: bfcl:simple_python)")
+                       "parallel_multiple or bfcl:core, and `agent` (the multi-turn scenario set "
+                       "on the server's demo tools) (default: bfcl:simple_python)")
     bench.add_argument("--limit", type=int, default=None,
                        help="first N cases of each category (default: all)")
     bench.add_argument("--modes", default="plain,ooo",
-                       help="comma-separated modes (default: plain,ooo); `plain` is the baseline")
+                       help="comma-separated modes among plain, ngram (needs the server's n-gram "
+                       "engine, e.g. configs/bench.yaml), ooo, ooo+tools (agent set only) "
+                       "(default: plain,ooo); `plain` is the baseline")
     bench.add_argument("--warmup", type=int, default=2,
                        help="warm-up requests per mode, left out of the statistics (default: 2)")
     bench.add_argument("--base-url", default=None,
@@ -173,6 +176,9 @@ def add_bench_command(subparsers: Subparsers) -> None:
                        help="stop sending requests after this many seconds (default: 3600)")
     bench.add_argument("--max-errors", type=int, default=10,
                        help="stop after this many failed requests in a row (default: 10)")
+    bench.add_argument("--slow-tool-ms", type=float, default=None,
+                       help="with --start: latency of the demo tool slow_lookup "
+                       "(OOO_SPEC_SLOW_TOOL_MS; the server's default is 500)")
     bench.add_argument("--out", default="bench_out/",
                        help="folder for the JSON records and the PNG plot (default: bench_out/)")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -239,12 +239,62 @@ class ToolWorkerConfig(_Strict):
         return self
 
 
+class NgramBaselineConfig(_Strict):
+    """vLLM's own prompt-lookup speculation on a second main engine: the peer every
+    tool-calling speedup is compared against. Requests reach it with
+    `ooo_spec: {"baseline": "ngram"}`; without it deployed they get a 400."""
+
+    enabled: bool = Field(
+        False,
+        description="Deploy the engine. Off by default: it costs a second copy of the main "
+        "model (memory, startup time) and only serves comparisons.",
+    )
+    engine: EngineConfig | None = Field(
+        None, description="None: the same engine settings as `main.engine` (a fair peer)."
+    )
+    deployment: DeploymentOptions = Field(
+        default_factory=lambda: DeploymentOptions(actor=ActorOptions(num_cpus=0)),
+        description="No CPU reserved by default: on a 2-core box main and sidecar hold the "
+        "cores, and benchmarks send one request at a time (Ray still gives the replica one "
+        "OpenMP thread).",
+    )
+    num_speculative_tokens: int = Field(16, ge=1, le=64)
+    prompt_lookup_min: int = Field(2, ge=1)
+    prompt_lookup_max: int = Field(4, ge=1)
+
+    @model_validator(mode="after")
+    def _lookup_window(self) -> NgramBaselineConfig:
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError("baselines.ngram.prompt_lookup_min must be <= prompt_lookup_max")
+        return self
+
+    def speculative_config(self) -> dict[str, Any]:
+        """vLLM's `speculative_config` for this engine."""
+        return {
+            "method": "ngram",
+            "num_speculative_tokens": self.num_speculative_tokens,
+            "prompt_lookup_min": self.prompt_lookup_min,
+            "prompt_lookup_max": self.prompt_lookup_max,
+        }
+
+
+class BaselinesConfig(_Strict):
+    """Comparison engines beside the main model, selected per request by
+    `ooo_spec.baseline`."""
+
+    ngram: NgramBaselineConfig = Field(default_factory=NgramBaselineConfig)
+
+    def deployed(self) -> list[str]:
+        return ["ngram"] if self.ngram.enabled else []
+
+
 class AppConfig(_Strict):
     main: MainConfig = Field(default_factory=MainConfig)
     sidecar: SidecarConfig = Field(default_factory=SidecarConfig)
     router: RouterConfig = Field(default_factory=RouterConfig)
     speculation: SpeculationConfig = Field(default_factory=SpeculationConfig)
     tool_worker: ToolWorkerConfig = Field(default_factory=ToolWorkerConfig)
+    baselines: BaselinesConfig = Field(default_factory=BaselinesConfig)
     tools: list[str] = Field(
         default_factory=lambda: ["app.tools.builtin"],
         description="Python modules whose decorated functions become server-known tools.",

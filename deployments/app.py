@@ -7,6 +7,7 @@ from typing import Any
 from ray.serve import Application, Deployment
 
 from app.config import DeploymentOptions, load_config
+from app.engine.baselines import NGRAM
 from deployments.main_model import MainModel
 from deployments.router import Router
 from deployments.sidecar import Sidecar
@@ -29,4 +30,13 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
         else None
     )
     tool_worker = _deployment(ToolWorker, config.tool_worker.deployment).bind(raw)
-    return _deployment(Router, config.router.deployment).bind(raw, main, sidecar, tool_worker)
+    ngram = config.baselines.ngram
+    # The same deployment class under its own name, so it scales and is placed on its own.
+    main_ngram = (
+        _deployment(MainModel, ngram.deployment).options(name="MainModelNgram").bind(raw, NGRAM)
+        if ngram.enabled
+        else None
+    )
+    return _deployment(Router, config.router.deployment).bind(
+        raw, main, sidecar, tool_worker, main_ngram
+    )

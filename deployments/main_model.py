@@ -15,14 +15,19 @@ from ray import serve
 from app.api.errors import ApiError
 from app.api.openai_models import ChatCompletionRequest
 from app.config import load_config
+from app.engine.baselines import baseline_service
 from app.engine.main_model import MainModelService
 from app.spec.prediction import Prediction
 
 
 @serve.deployment(name="MainModel")
 class MainModel:
-    def __init__(self, config: dict[str, Any]) -> None:
-        self.service = MainModelService(load_config(config))
+    def __init__(self, config: dict[str, Any], baseline: str | None = None) -> None:
+        """`baseline` set (e.g. 'ngram'): this replica serves that comparison engine."""
+        loaded = load_config(config)
+        self.service = (
+            baseline_service(loaded, baseline) if baseline else MainModelService(loaded)
+        )
         self.service.start()
 
     async def generate(

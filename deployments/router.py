@@ -93,9 +93,12 @@ class Router:
         main: DeploymentHandle,
         sidecar: DeploymentHandle | None,
         tool_worker: DeploymentHandle | None = None,
+        main_ngram: DeploymentHandle | None = None,
     ) -> None:
         self.config = load_config(config)
         self.main = main.options(stream=True)
+        # Comparison engines by the name requests give in `ooo_spec.baseline`.
+        self.baselines = {"ngram": main_ngram.options(stream=True)} if main_ngram else {}
         self.sidecar = sidecar
         self.pool = PoolTools(tool_worker) if tool_worker is not None else None
         settings = self.config.tool_worker
@@ -104,6 +107,7 @@ class Router:
             sidecar_enabled=sidecar is not None,
             tools=self.pool,
             policy=ToolPolicy(settings.pre_execute, settings.allow_egress),
+            baselines=list(self.baselines),
         )
         self.started = time.time()
 
@@ -147,6 +151,7 @@ class Router:
         if request.model and request.model != self.chat.model_name:
             raise ApiError(404, f"model '{request.model}' does not exist; this server serves "
                            f"'{self.chat.model_name}'", param="model", code="model_not_found")
+        self.chat.check_options(request)
         events = self.chat.events(request, self._start_sidecar, self._main_events)
         if request.stream:
             return StreamingResponse(
@@ -178,8 +183,10 @@ class Router:
         self, payload: dict[str, Any], sidecar_ref: Any
     ) -> AsyncIterator[dict[str, Any]]:
         refs = [sidecar_ref] if sidecar_ref is not None else []
+        baseline = (payload.get("ooo_spec") or {}).get("baseline")
+        main = self.baselines[baseline] if baseline else self.main
         try:
-            stream: Any = self.main.generate.remote(payload, refs)
+            stream: Any = main.generate.remote(payload, refs)
             async for event in stream:
                 yield event
         except ApiError:

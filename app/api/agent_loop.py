@@ -273,3 +273,4 @@ class LoopState:
     tool_results: list[ToolResultReport] = field(default_factory=list)
     tools_ms: float = 0.0
     rounds: int = 0  # turns whose calls the server executed
+    first_commit: float | None = None  # clock reading of the first turn's commit

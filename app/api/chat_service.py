@@ -13,7 +13,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,17 +111,33 @@ class ChatService:
         tools: ToolAccess | None = None,
         policy: ToolPolicy | None = None,
         clock: Clock = time.perf_counter,
+        baselines: Collection[str] = (),
     ) -> None:
         self.model_name = model_name
         self.sidecar_enabled = sidecar_enabled
+        self.baselines = frozenset(baselines)  # comparison engines deployed (e.g. 'ngram')
         self.tools = tools
         self.policy = policy or ToolPolicy()
         self.clock = clock
+
+    def check_options(self, request: ChatCompletionRequest) -> None:
+        """Reject what this deployment cannot serve before anything starts."""
+        baseline = request.ooo_spec.baseline
+        if baseline is not None and baseline not in self.baselines:
+            deployed = ", ".join(sorted(self.baselines)) or "none"
+            raise ApiError(
+                400,
+                f"baseline '{baseline}' is not deployed on this server (deployed: {deployed}); "
+                f"enable it with `baselines.{baseline}.enabled: true` in the app config",
+                param="ooo_spec.baseline",
+                code="baseline_not_deployed",
+            )
 
     def wants_sidecar(self, request: ChatCompletionRequest) -> bool:
         return (
             self.sidecar_enabled
             and request.ooo_spec.enabled
+            and request.ooo_spec.baseline is None
             and request.effective_tool_choice != "none"
         )
 
@@ -143,6 +159,8 @@ class ChatService:
                 else:
                     turn = event["turn"]
             assert turn is not None
+            if state.first_commit is None:
+                state.first_commit = turn.commit
             state.finals.append(turn.final)
             state.outcomes.append(self.outcome(turn_request, turn.final))
             messages: list[dict[str, Any]] | None = None
@@ -172,7 +190,12 @@ class ChatService:
         payload = request.model_dump(exclude_none=True)
         sidecar = await start_sidecar(payload) if self.wants_sidecar(request) else None
         pre: PreExecution | None = None
-        if sidecar is not None and sidecar.prediction is not None and self.tools is not None:
+        if (
+            sidecar is not None
+            and sidecar.prediction is not None
+            and self.tools is not None
+            and request.ooo_spec.pre_execute
+        ):
             schemas = {t.function.name: t.function.parameters for t in request.tools or []}
             pre = PreExecution(self.tools, self.policy, schemas, request.named_tool, self.clock)
             pre.watch(sidecar.prediction)
@@ -336,9 +359,11 @@ class ChatService:
         """The `ooo_spec` object; over a loop, candidates are concatenated, counts and times
         summed (`agent_loop.sum_main`), outcomes combined (`agent_loop.combine_outcomes`)."""
         finals = state.finals
+        first_commit = state.first_commit if state.first_commit is not None else self.clock()
         return OooSpecReport(
             enabled=self.wants_sidecar(request),
             outcome=combine_outcomes(state.outcomes),
+            baseline=request.ooo_spec.baseline,
             candidates=[CandidateReport.model_validate(c)
                         for f in finals for c in f.get("candidates") or []],
             main=sum_main(f["main"] for f in finals),
@@ -348,6 +373,7 @@ class ChatService:
                 sidecar=sum((f.get("sidecar") or {}).get("elapsed_ms", 0.0) for f in finals),
                 main=sum(f.get("main_ms", 0.0) for f in finals),
                 tools=state.tools_ms,
+                first_commit=(first_commit - started) * 1000,
             ),
         )
 

@@ -77,6 +77,12 @@ class OooSpecOptions(_Wire):
     enabled: bool = True
     execute_tools: bool = False
     max_steps: int = Field(4, ge=1, le=16)
+    # Can only turn pre-execution off for this request (benchmarks isolate its effect); the
+    # server's `tool_worker.pre_execute` still decides whether it may happen at all.
+    pre_execute: bool = True
+    # Decode on a comparison engine (vLLM's own n-gram speculation) instead of the main model;
+    # no sidecar runs. A 400 when that engine is not deployed.
+    baseline: Literal["ngram"] | None = None
 
 
 class ChatCompletionRequest(_Wire):
@@ -187,11 +193,14 @@ class TimingsReport(BaseModel):
     sidecar: float = 0.0
     main: float = 0.0
     tools: float = 0.0
+    # From the request's arrival to the first turn's commit (its calls parsed), router clock.
+    first_commit: float = 0.0
 
 
 class OooSpecReport(BaseModel):
     enabled: bool
     outcome: Outcome
+    baseline: str | None = None  # the comparison engine that decoded, when one did
     candidates: list[CandidateReport] = Field(default_factory=list)
     main: MainReport = Field(default_factory=MainReport)
     tool_results: list[ToolResultReport] = Field(default_factory=list)

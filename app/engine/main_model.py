@@ -55,9 +55,11 @@ class CandidateIntake:
 
 
 class MainModelService:
-    def __init__(self, config: AppConfig) -> None:
+    def __init__(self, config: AppConfig, engine: VllmEngine | None = None) -> None:
+        """`engine`: another engine than the main one with the candidate proposer (the
+        n-gram baseline, see app/engine/baselines.py)."""
         self.config = config
-        self.engine = VllmEngine(config.main.engine, config.speculation)
+        self.engine = engine or VllmEngine(config.main.engine, config.speculation)
 
     def start(self) -> None:
         self.engine.start()
@@ -103,7 +105,9 @@ class MainModelService:
             sampling=sampling,
             mode=mode,
             tools=tools,
-            speculate=request.ooo_spec.enabled and bool(tools),
+            # Without the candidate proposer nothing would read the drafts.
+            speculate=request.ooo_spec.enabled and bool(tools)
+            and self.engine.speculation is not None,
         )
 
     # ----- candidates -------------------------------------------------------------------

@@ -121,11 +121,20 @@ def _set_engine_env(cfg: EngineConfig) -> None:
 
 
 class VllmEngine:
-    """One vLLM engine. `speculation` set = main model with the candidate proposer."""
+    """One vLLM engine. `speculation` set = main model with the candidate proposer;
+    `vllm_speculative` set instead = vLLM's own speculative method (the n-gram baseline)."""
 
-    def __init__(self, cfg: EngineConfig, speculation: SpeculationConfig | None = None) -> None:
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        speculation: SpeculationConfig | None = None,
+        vllm_speculative: dict[str, Any] | None = None,
+    ) -> None:
+        if speculation is not None and vllm_speculative is not None:
+            raise ValueError("an engine has either the candidate proposer or vLLM's own method")
         self.cfg = cfg
         self.speculation = speculation
+        self.vllm_speculative = vllm_speculative
         self.store = CandidateStore()
         self._commands: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[Any]]] = {}
@@ -164,6 +173,8 @@ class VllmEngine:
                 "model": PROPOSER_CLASS,
                 "num_speculative_tokens": self.speculation.num_speculative_tokens,
             }
+        elif self.vllm_speculative is not None:
+            kwargs["speculative_config"] = dict(self.vllm_speculative)
         self.engine = LLMEngine.from_engine_args(EngineArgs(**kwargs))
         self.tokenizer = self.engine.get_tokenizer()
         if self.speculation is not None:
