@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 EMBEDDED_MODEL = "embedded"
 
@@ -121,6 +121,11 @@ class SpeculationConfig(_Strict):
     sidecar_timeout_s: float = Field(
         10.0, gt=0, description="After this the sidecar's answer is ignored (sidecar_late)."
     )
+    sidecar_start_timeout_s: float = Field(
+        1.0, gt=0,
+        description="How long the router waits for the sidecar call to reach a replica (all "
+        "busy, or one restarting) before the main model decodes without it (sidecar_error).",
+    )
 
 
 class SidecarConfig(_Strict):
@@ -152,6 +157,78 @@ class RouterConfig(_Strict):
     max_body_bytes: int = Field(1_000_000, ge=1024)
     default_max_tokens: int = Field(256, ge=1)
     request_timeout_s: float = Field(300, gt=0)
+
+
+class LimitsConfig(_Strict):
+    """What one request may ask for; the router checks it before any model work and answers
+    a breach with a 400 that names the limit. The body size and the deadline are
+    `router.max_body_bytes` (413) and `router.request_timeout_s` (503)."""
+
+    max_json_depth: int = Field(
+        64, ge=8, le=512,
+        description="Nesting depth of the request body's JSON (deeper bodies would exhaust "
+        "recursion in parsers and validators).",
+    )
+    max_messages: int = Field(512, ge=1)
+    max_tools: int = Field(128, ge=1)
+    max_schema_bytes: int = Field(
+        65_536, ge=256, description="Size of one tool's `parameters` schema as compact JSON."
+    )
+    max_schema_depth: int = Field(
+        24, ge=2, le=256, description="Nesting depth of one tool's `parameters` schema."
+    )
+    max_tokens: int = Field(
+        4096, ge=1,
+        description="Largest `max_tokens` / `max_completion_tokens` accepted; the main "
+        "model's context (`main.engine.max_model_len`) bounds it as well.",
+    )
+
+
+class ApiKeyConfig(_Strict):
+    key: str = Field(..., min_length=8, description="The secret a client sends as a Bearer token.")
+    name: str | None = Field(
+        None, description="Label in errors and metrics (the key itself is never shown)."
+    )
+    max_concurrent: int | None = Field(
+        None, ge=1, description="This key's own concurrency limit (default: the section's)."
+    )
+
+
+class AuthConfig(_Strict):
+    """Optional API keys on the router. With no key configured (config or environment) the
+    server is open, as the local default is; with any key, every `/v1` route needs one
+    (`Authorization: Bearer <key>`, else 401) and each key has a concurrency limit (429 with
+    `Retry-After` beyond it). `/healthz` stays open for probes."""
+
+    api_keys: list[ApiKeyConfig] = Field(
+        default_factory=list,
+        description="Keys in the config itself; a bare string is a key with no name.",
+    )
+    api_keys_env: str | None = Field(
+        "OOO_SPEC_API_KEYS",
+        description="Environment variable of the router with more keys, comma-separated "
+        "(keeps secrets out of config files; e.g. from a Kubernetes Secret).",
+    )
+    max_concurrent_per_key: int = Field(
+        8, ge=1, description="Requests one key may have in flight on one router replica."
+    )
+    retry_after_s: int = Field(1, ge=1, description="`Retry-After` of a 429.")
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _bare_keys(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            return [{"key": item} if isinstance(item, str) else item for item in value]
+        return value
+
+
+class FaultInjectionConfig(_Strict):
+    """Test-only hooks (app/faults.py): a sidecar that hangs, fails or answers garbage, a tool
+    worker that hangs or fails, armed through Ray handle methods, never over HTTP."""
+
+    enabled: bool = Field(
+        False, description="Allow arming faults. Off in every shipped config; tests turn it on."
+    )
 
 
 class ToolOverride(_Strict):
@@ -288,6 +365,22 @@ class BaselinesConfig(_Strict):
         return ["ngram"] if self.ngram.enabled else []
 
 
+class TelemetryConfig(_Strict):
+    """What traces may contain and how metrics aggregate. Whether and where traces go is the
+    standard OTEL_* environment's business (see app/telemetry.py): off without an endpoint."""
+
+    record_content: bool = Field(
+        False,
+        description="Put message text, predicted and committed tool arguments and tool results "
+        "on spans. Off by default: they can be personal data.",
+    )
+    hit_rate_window: int = Field(
+        100, ge=1,
+        description="Scored requests the `ooo_spec_hit_rate` gauge averages over, per router "
+        "replica.",
+    )
+
+
 class AppConfig(_Strict):
     main: MainConfig = Field(default_factory=MainConfig)
     sidecar: SidecarConfig = Field(default_factory=SidecarConfig)
@@ -295,6 +388,10 @@ class AppConfig(_Strict):
     speculation: SpeculationConfig = Field(default_factory=SpeculationConfig)
     tool_worker: ToolWorkerConfig = Field(default_factory=ToolWorkerConfig)
     baselines: BaselinesConfig = Field(default_factory=BaselinesConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    auth: AuthConfig = Field(default_factory=AuthConfig)
+    faults: FaultInjectionConfig = Field(default_factory=FaultInjectionConfig)
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
     tools: list[str] = Field(
         default_factory=lambda: ["app.tools.builtin"],
         description="Python modules whose decorated functions become server-known tools.",

@@ -12,12 +12,14 @@ from typing import Any
 
 from ray import serve
 
+from app import telemetry
 from app.api.errors import ApiError
 from app.api.openai_models import ChatCompletionRequest
 from app.config import load_config
 from app.engine.baselines import baseline_service
 from app.engine.main_model import MainModelService
 from app.spec.prediction import Prediction
+from deployments.metrics import ServeMetrics
 
 
 @serve.deployment(name="MainModel")
@@ -28,10 +30,29 @@ class MainModel:
         self.service = (
             baseline_service(loaded, baseline) if baseline else MainModelService(loaded)
         )
+        self.record_content = loaded.telemetry.record_content
+        self.metrics = ServeMetrics()
+        telemetry.setup_tracing(f"main_{baseline}" if baseline else "main")
         self.service.start()
 
     async def generate(
         self, payload: dict[str, Any], candidate_refs: list[Any]
+    ) -> AsyncIterator[dict[str, Any]]:
+        # Not a current span: this generator yields, and the replica finishes it in any task.
+        span = telemetry.start_span(
+            "main.generate", telemetry.extract(payload.pop(telemetry.CARRIER_KEY, None))
+        )
+        try:
+            async for event in self._generate(payload, candidate_refs, span):
+                yield event
+        except BaseException as exc:
+            telemetry.fail(span, exc)
+            raise
+        finally:
+            span.end()
+
+    async def _generate(
+        self, payload: dict[str, Any], candidate_refs: list[Any], span: telemetry.Span
     ) -> AsyncIterator[dict[str, Any]]:
         request = ChatCompletionRequest.model_validate(payload)
         try:
@@ -41,12 +62,18 @@ class MainModel:
                    "param": err.param, "code": err.code}
             return
         candidates = _prediction(candidate_refs[0]) if candidate_refs else None
-        async for event in self.service.run(prepared, candidates):
+        async for event in self.service.run(prepared, candidates, telemetry.context_of(span)):
+            if event.get("type") == "final":
+                telemetry.set_attributes(
+                    span, telemetry.main_attributes(event, self.record_content)
+                )
+                telemetry.record_all(
+                    self.metrics, telemetry.main_measurements(event, prepared.speculate)
+                )
             yield event
 
     def engine_counters(self) -> dict[str, int]:
-        return {"unfinished": self.service.engine.num_unfinished(),
-                "store": len(self.service.engine.store)}
+        return self.service.engine.counters()
 
     def check_health(self) -> None:
         if not self.service.engine.healthy:

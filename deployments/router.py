@@ -5,26 +5,44 @@ Fans each request out to the Sidecar and the MainModel at the same moment: the s
 prediction while it decodes, and the router never waits for the sidecar first. The router
 awaits the same `ObjectRef` itself in the background to pre-execute predicted calls on the
 ToolWorker pool (app.api.agent_loop), and runs committed calls there for `execute_tools`.
+
+Failures degrade instead of hanging: a sidecar that cannot take the call at once is replaced by
+an error prediction (plain decoding, outcome `sidecar_error`), a tool worker that does not
+answer within the tool's timeout plus a grace gives an error result, and a request that ends
+early (client gone, deadline) cancels its main and sidecar calls, which Serve does not do by
+itself for calls already running on a replica.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import ray
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 from ray.serve.handle import DeploymentHandle
+from starlette.types import Receive, Scope, Send
 
+from app import telemetry
 from app.api.agent_loop import SidecarStart, ToolPolicy
+from app.api.auth import ApiKeys, ConcurrencyLimiter
 from app.api.chat_service import ChatService, parse_request, stream_sse
 from app.api.errors import ApiError, describe_validation_errors, error_body
+from app.api.limits import with_deadline
 from app.config import load_config
-from app.tools.registry import ToolResult, ToolSpec
+from app.spec.prediction import Prediction
+from app.tools.registry import DEFAULT_TIMEOUT_S, ToolResult, ToolSpec
+from deployments.metrics import ServeMetrics
+
+# Beyond a tool's own timeout (which the worker enforces), how long the router waits for the
+# worker's answer before it counts the worker as stuck or gone.
+TOOL_CALL_GRACE_S = 5.0
 
 api = FastAPI(title="ooo-spec", description="OpenAI-compatible tool calling with OoO-Spec")
 
@@ -74,14 +92,53 @@ class PoolTools:
     async def execute(
         self, name: str, arguments: dict[str, Any], speculative: bool
     ) -> ToolResult:
-        response: Any = self.handle.execute.remote(name, arguments, speculative=speculative)
+        spec = (await self.specs()).get(name)
+        limit = (spec.timeout_s if spec is not None else DEFAULT_TIMEOUT_S) + TOOL_CALL_GRACE_S
+        # The caller's span (the turn, or its `agent.tools`) is the tool run's parent.
+        response: Any = self.handle.execute.remote(
+            name, arguments, speculative=speculative, trace_context=telemetry.inject()
+        )
         try:
-            raw = await response
+            async with asyncio.timeout(limit):
+                raw = await response
+        except TimeoutError:
+            response.cancel()
+            raise TimeoutError(f"the tool worker did not answer within {limit:g} s") from None
         except asyncio.CancelledError:
             # A misprediction (or a dropped request): free the worker's slot, stop the tool.
             response.cancel()
             raise
         return ToolResult.model_validate(raw)
+
+
+class ClosingStream(StreamingResponse):
+    """A StreamingResponse that runs `on_close` however the response ends, also when the
+    client left before the first chunk (Starlette then never starts the body iterator, so
+    cleanup inside it would never run)."""
+
+    def __init__(self, content: Any, on_close: Callable[[], Awaitable[None]], **kw: Any) -> None:
+        super().__init__(content, **kw)
+        self.on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.on_close()
+
+
+async def _prefetched(events: AsyncIterator[Any]) -> AsyncGenerator[Any, None]:
+    """`events` with its first item already awaited, so an error that comes before any output
+    (messages longer than the context, the main model down) gets its own HTTP status rather
+    than an in-band error after a 200."""
+    first = await anext(events)
+
+    async def replay() -> AsyncGenerator[Any, None]:
+        yield first
+        async for item in events:
+            yield item
+
+    return replay()
 
 
 @serve.deployment(name="Router")
@@ -108,15 +165,24 @@ class Router:
             tools=self.pool,
             policy=ToolPolicy(settings.pre_execute, settings.allow_egress),
             baselines=list(self.baselines),
+            metrics=ServeMetrics(),
+            telemetry_config=self.config.telemetry,
         )
+        telemetry.setup_tracing("router")
+        self.keys = ApiKeys.from_config(self.config.auth, os.environ)
+        self.limiter = ConcurrencyLimiter(self.config.auth.retry_after_s)
         self.started = time.time()
+
+    def _authorize(self, raw: Request) -> Any:
+        return self.keys.authenticate(raw.headers.get("authorization"))
 
     @api.get("/healthz")
     async def healthz(self) -> dict[str, str]:
         return {"status": "ok"}
 
     @api.get("/v1/models")
-    async def models(self) -> dict[str, Any]:
+    async def models(self, raw: Request) -> dict[str, Any]:
+        self._authorize(raw)
         return {
             "object": "list",
             "data": [{"id": self.chat.model_name, "object": "model",
@@ -124,7 +190,8 @@ class Router:
         }
 
     @api.get("/v1/models/{model_id}")
-    async def model(self, model_id: str) -> dict[str, Any]:
+    async def model(self, model_id: str, raw: Request) -> dict[str, Any]:
+        self._authorize(raw)
         if model_id != self.chat.model_name:
             raise ApiError(404, f"model '{model_id}' does not exist", param="model",
                            code="model_not_found")
@@ -132,9 +199,10 @@ class Router:
                 "owned_by": "ooo-spec"}
 
     @api.get("/v1/tools")
-    async def list_tools(self) -> dict[str, Any]:
+    async def list_tools(self, raw: Request) -> dict[str, Any]:
         """Server-registered tools; clients copy entries into `tools` to let the server run
         (and pre-execute) them."""
+        self._authorize(raw)
         if self.pool is None:
             return {"object": "list", "data": []}
         try:
@@ -146,38 +214,68 @@ class Router:
 
     @api.post("/v1/chat/completions", response_model=None)
     async def chat_completions(self, raw: Request) -> JSONResponse | StreamingResponse:
-        body = await raw.body()
-        request = parse_request(body, self.config.router.max_body_bytes)
-        if request.model and request.model != self.chat.model_name:
-            raise ApiError(404, f"model '{request.model}' does not exist; this server serves "
-                           f"'{self.chat.model_name}'", param="model", code="model_not_found")
-        self.chat.check_options(request)
-        events = self.chat.events(request, self._start_sidecar, self._main_events)
-        if request.stream:
-            return StreamingResponse(
-                stream_sse(request, events, self.chat.model_name),
-                media_type="text/event-stream",
-            )
-        completion: dict[str, Any] | None = None
+        # Key and concurrency slot first: nothing else (not even the body) for a refused caller.
+        release: Callable[[], None] | None = self.limiter.acquire(self._authorize(raw))
         try:
-            async with asyncio.timeout(self.config.router.request_timeout_s):
-                async for kind, event in events:
-                    if kind == "final":
-                        completion = event
-        except TimeoutError:
-            raise ApiError(503, "the request took longer than the server's deadline of "
-                           f"{self.config.router.request_timeout_s:.0f} s") from None
-        assert completion is not None
-        return JSONResponse(completion)
+            body = await raw.body()
+            request = parse_request(body, self.config.router.max_body_bytes,
+                                    self.config.limits, self.config.main.engine.max_model_len)
+            if request.model and request.model != self.chat.model_name:
+                raise ApiError(404, f"model '{request.model}' does not exist; this server "
+                               f"serves '{self.chat.model_name}'", param="model",
+                               code="model_not_found")
+            self.chat.check_options(request)
+            events = with_deadline(
+                self.chat.events(request, self._start_sidecar, self._main_events,
+                                 trace_parent=telemetry.extract(raw.headers)),
+                self.config.router.request_timeout_s,
+            )
+            if request.stream:
+                replay = await _prefetched(events)
+                assert release is not None
+                held: Callable[[], None] = release
+                release = None  # the stream owns the slot from here on
+
+                async def close() -> None:
+                    try:
+                        await replay.aclose()
+                        await events.aclose()
+                    finally:
+                        held()
+
+                return ClosingStream(stream_sse(request, replay, self.chat.model_name),
+                                     close, media_type="text/event-stream")
+            completion: dict[str, Any] | None = None
+            async for kind, event in events:
+                if kind == "final":
+                    completion = event
+            assert completion is not None
+            return JSONResponse(completion)
+        finally:
+            if release is not None:
+                release()
 
     async def _start_sidecar(self, payload: dict[str, Any]) -> SidecarStart | None:
         if self.sidecar is None:
             return None
         response: Any = self.sidecar.predict.remote(payload)
-        ref = await response._to_object_ref()
+        try:
+            # Waits only for a replica to take the call (instant unless all are busy or one is
+            # restarting); the main call must not wait longer than that for the sidecar.
+            ref = await asyncio.wait_for(response._to_object_ref(),
+                                         self.config.speculation.sidecar_start_timeout_s)
+        except asyncio.CancelledError:
+            response.cancel()
+            raise
+        except Exception as exc:  # TimeoutError, or no sidecar replica at all
+            response.cancel()
+            failed = Prediction(error=f"the sidecar did not take the request: "
+                                f"{type(exc).__name__}")
+            ref = ray.put(failed.model_dump())  # the main replica reads it like an answer
+            return SidecarStart(token=ref, prediction=ref)
         # The same ref twice: the main replica polls it while decoding, and the router awaits
         # it (each `await` on an ObjectRef is its own future) to pre-execute predicted calls.
-        return SidecarStart(token=ref, prediction=ref)
+        return SidecarStart(token=ref, prediction=ref, cancel=response.cancel)
 
     async def _main_events(
         self, payload: dict[str, Any], sidecar_ref: Any
@@ -185,12 +283,18 @@ class Router:
         refs = [sidecar_ref] if sidecar_ref is not None else []
         baseline = (payload.get("ooo_spec") or {}).get("baseline")
         main = self.baselines[baseline] if baseline else self.main
+        stream: Any = None
+        finished = False
         try:
-            stream: Any = main.generate.remote(payload, refs)
+            stream = main.generate.remote(payload, refs)
             async for event in stream:
                 yield event
+            finished = True
         except ApiError:
             raise
         except Exception as exc:
-            raise ApiError(503, f"the main model is unavailable: {type(exc).__name__}",
-                           code="main_unavailable") from None
+            raise ApiError(503, f"the main model is unavailable ({type(exc).__name__}); "
+                           "retry shortly", code="main_unavailable") from None
+        finally:
+            if stream is not None and not finished:
+                stream.cancel()  # a dropped client or the deadline: stop decoding

@@ -1,26 +1,85 @@
-"""`Sidecar` deployment: predicts the tool invocation with its own small engine."""
+"""`Sidecar` deployment: predicts the tool invocation with its own small engine.
+
+`inject_fault`/`clear_faults` exist for the degradation tests and refuse to work unless the
+config enables fault injection (app/faults.py)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from ray import serve
 
+from app import telemetry
 from app.api.openai_models import ChatCompletionRequest
 from app.config import load_config
 from app.engine.sidecar import SidecarService
+from app.faults import SIDECAR_FAULTS, FaultPlan, garbage_prediction, wrong_prediction
+from app.spec.prediction import Prediction
+from deployments.metrics import ServeMetrics
 
 
 @serve.deployment(name="Sidecar")
 class Sidecar:
     def __init__(self, config: dict[str, Any]) -> None:
-        self.service = SidecarService(load_config(config))
+        loaded = load_config(config)
+        self.service = SidecarService(loaded)
+        self.faults = FaultPlan(loaded.faults.enabled, SIDECAR_FAULTS)
+        self.record_content = loaded.telemetry.record_content
+        self.metrics = ServeMetrics()
+        telemetry.setup_tracing("sidecar")
         self.service.start()
 
     async def predict(self, payload: dict[str, Any]) -> dict[str, Any]:
+        parent = telemetry.extract(payload.pop(telemetry.CARRIER_KEY, None))
+        with telemetry.span("sidecar.predict", parent) as span:
+            result = await self._predict(payload)
+            try:
+                prediction = Prediction.model_validate(result)
+            except ValueError:  # a garbage answer (fault injection): nothing to measure
+                return result
+            telemetry.set_attributes(
+                span, telemetry.prediction_attributes(prediction, self.record_content)
+            )
+        telemetry.record_all(self.metrics, telemetry.sidecar_measurements(prediction))
+        return result
+
+    async def _predict(self, payload: dict[str, Any]) -> dict[str, Any]:
         request = ChatCompletionRequest.model_validate(payload)
+        fault = self.faults.hit()
+        if fault is not None:
+            return await self._faulty(fault, request)
         prediction = await self.service.predict(request)
         return prediction.model_dump()
+
+    async def _faulty(self, fault: str, request: ChatCompletionRequest) -> dict[str, Any]:
+        if fault == "hang":
+            self.faults.waiting += 1
+            try:
+                while self.faults.active() == "hang":
+                    await asyncio.sleep(0.1)
+            finally:
+                self.faults.waiting -= 1
+            raise RuntimeError("injected fault: the sidecar hung")
+        if fault == "error":
+            raise RuntimeError("injected fault: the sidecar failed")
+        if fault == "garbage":
+            return garbage_prediction()
+        return wrong_prediction(request.tool_dicts()).model_dump()
+
+    def inject_fault(self, kind: str, seconds: float = 60.0) -> dict[str, Any]:
+        self.faults.arm(kind, seconds)
+        return self.faults.status()
+
+    def clear_faults(self) -> dict[str, Any]:
+        self.faults.clear()
+        return self.faults.status()
+
+    def fault_status(self) -> dict[str, Any]:
+        return self.faults.status()
+
+    def engine_counters(self) -> dict[str, int]:
+        return self.service.engine.counters()
 
     def check_health(self) -> None:
         if not self.service.engine.healthy:

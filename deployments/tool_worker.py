@@ -3,19 +3,25 @@
 The router calls `execute(name, arguments, speculative=True)` for a validated prediction and
 `execute(name, arguments)` for a committed call. A speculative call is checked against the
 pre-execution policy here as well, so a router bug can never run a non-idempotent tool early.
-Results are plain dicts (`ToolResult.model_dump()`); an execution never raises.
+Results are plain dicts (`ToolResult.model_dump()`); an execution never raises (an armed test
+fault aside: `inject_fault` works only when the config enables fault injection).
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections import Counter
 from typing import Any
 
 from ray import serve
 
+from app import telemetry
 from app.config import load_config
+from app.faults import TOOL_WORKER_FAULTS, FaultPlan
 from app.tools.mcp_source import McpToolSource
 from app.tools.policy import may_pre_execute
 from app.tools.registry import ToolRegistry, ToolResult
+from deployments.metrics import ServeMetrics
 
 
 @serve.deployment(name="ToolWorker")
@@ -37,11 +43,44 @@ class ToolWorker:
         except Exception:
             await self.mcp.aclose()
             raise
+        self.faults = FaultPlan(app_config.faults.enabled, TOOL_WORKER_FAULTS)
+        # What reached this replica, by "name:speculative|committed": the privacy tests read it.
+        self.received: Counter[str] = Counter()
+        self.record_content = app_config.telemetry.record_content
+        self.metrics = ServeMetrics()
+        telemetry.setup_tracing("tool_worker")
         self._closed = False
 
     async def execute(
-        self, name: str, arguments: dict[str, Any], speculative: bool = False
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        speculative: bool = False,
+        trace_context: dict[str, str] | None = None,
     ) -> dict[str, Any]:
+        """`trace_context`: the caller's W3C carrier; this run is a `tool.execute` span in it."""
+        with telemetry.span("tool.execute", telemetry.extract(trace_context)) as span:
+            result = await self._execute(name, arguments, speculative)
+            telemetry.set_attributes(span, telemetry.tool_attributes(
+                name, speculative, result, arguments, self.record_content))
+        telemetry.record_all(self.metrics, telemetry.tool_measurements(
+            name, speculative, float(result.get("latency_ms") or 0.0)))
+        return result
+
+    async def _execute(
+        self, name: str, arguments: dict[str, Any], speculative: bool
+    ) -> dict[str, Any]:
+        self.received[f"{name}:{'speculative' if speculative else 'committed'}"] += 1
+        fault = self.faults.hit()
+        if fault == "hang":
+            self.faults.waiting += 1
+            try:
+                while self.faults.active() == "hang":
+                    await asyncio.sleep(0.1)
+            finally:
+                self.faults.waiting -= 1
+        elif fault == "error":
+            raise RuntimeError("injected fault: the tool worker failed")
         if speculative and not may_pre_execute(
             self.registry.get(name), self.settings.pre_execute, self.settings.allow_egress
         ):
@@ -54,6 +93,20 @@ class ToolWorker:
             return refused.model_dump()
         result = await self.registry.execute(name, arguments)
         return result.model_dump()
+
+    def received_calls(self) -> dict[str, int]:
+        return dict(self.received)
+
+    def inject_fault(self, kind: str, seconds: float = 60.0) -> dict[str, Any]:
+        self.faults.arm(kind, seconds)
+        return self.faults.status()
+
+    def clear_faults(self) -> dict[str, Any]:
+        self.faults.clear()
+        return self.faults.status()
+
+    def fault_status(self) -> dict[str, Any]:
+        return self.faults.status()
 
     def list_tools(self) -> list[dict[str, Any]]:
         """`GET /v1/tools` entries."""

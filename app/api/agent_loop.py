@@ -64,6 +64,8 @@ class SidecarStart:
 
     token: Any
     prediction: Awaitable[Any] | None = None
+    # Stops the sidecar's work; called once the turn's main call has ended, whichever way.
+    cancel: Callable[[], None] | None = None
 
 
 @dataclass
@@ -274,3 +276,5 @@ class LoopState:
     tools_ms: float = 0.0
     rounds: int = 0  # turns whose calls the server executed
     first_commit: float | None = None  # clock reading of the first turn's commit
+    pre_executed: int = 0  # speculative runs dispatched, over all turns
+    pre_used: int = 0  # of those, runs whose result answered a committed call

@@ -13,12 +13,15 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from opentelemetry.context import Context
+from opentelemetry.trace import Span, SpanKind
 from pydantic import ValidationError
 
+from app import telemetry
 from app.api.agent_loop import (
     Clock,
     LoopState,
@@ -26,41 +29,60 @@ from app.api.agent_loop import (
     SidecarStart,
     ToolAccess,
     ToolPolicy,
+    ToolRun,
     combine_outcomes,
     run_tool,
     sum_main,
 )
 from app.api.errors import ApiError, describe_validation_errors
+from app.api.limits import check_body_depth, check_request
 from app.api.openai_models import (
     CandidateReport,
     ChatCompletionRequest,
     OooSpecReport,
     Outcome,
+    PredictionReport,
     TimingsReport,
 )
+from app.config import LimitsConfig, TelemetryConfig
 from app.engine.tool_format import new_call_id
 from app.spec.canonical import Invocation
+from app.spec.prediction import Prediction
 from app.spec.reconcile import classify_outcome
 from app.spec.validation import check_schema
+from app.telemetry import HitRateWindow, MetricsSink, NullMetrics
 
 StartSidecar = Callable[[dict[str, Any]], Awaitable[SidecarStart | None]]
 MainEvents = Callable[[dict[str, Any], Any], AsyncIterator[dict[str, Any]]]
 
 
-def parse_request(body: bytes, max_bytes: int) -> ChatCompletionRequest:
+def parse_request(
+    body: bytes,
+    max_bytes: int,
+    limits: LimitsConfig | None = None,
+    context: int | None = None,
+) -> ChatCompletionRequest:
+    """The validated request, or an `ApiError`; `limits` (app.api.limits) and the main model's
+    `context` length bound what it may ask for."""
     if len(body) > max_bytes:
         raise ApiError(413, f"request body is {len(body)} bytes; the limit is {max_bytes}")
     try:
         data = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ApiError(400, "request body is nested too deeply to parse") from None
     if not isinstance(data, dict):
         raise ApiError(400, "request body must be a JSON object")
+    if limits is not None:
+        check_body_depth(data, limits)
     try:
         request = ChatCompletionRequest.model_validate(data)
     except ValidationError as exc:
         message, param = describe_validation_errors(exc.errors())
         raise ApiError(400, message, param=param) from None
+    if limits is not None:
+        check_request(request, limits, context if context is not None else limits.max_tokens)
     for tool in request.tools or []:
         problem = check_schema(tool.function.parameters)
         if problem:
@@ -112,7 +134,13 @@ class ChatService:
         policy: ToolPolicy | None = None,
         clock: Clock = time.perf_counter,
         baselines: Collection[str] = (),
+        metrics: MetricsSink | None = None,
+        telemetry_config: TelemetryConfig | None = None,
     ) -> None:
+        settings = telemetry_config or TelemetryConfig()
+        self.metrics: MetricsSink = metrics or NullMetrics()
+        self.record_content = settings.record_content
+        self.hit_rate = HitRateWindow(settings.hit_rate_window)
         self.model_name = model_name
         self.sidecar_enabled = sidecar_enabled
         self.baselines = frozenset(baselines)  # comparison engines deployed (e.g. 'ngram')
@@ -146,33 +174,86 @@ class ChatService:
         request: ChatCompletionRequest,
         start_sidecar: StartSidecar,
         main_events: MainEvents,
+        trace_parent: Context | None = None,
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-        """('delta', {'text'}) per main-model step, then ('final', completion dict)."""
-        started = self.clock()
+        """('delta', {'text'}) per main-model step, then ('final', completion dict).
+
+        The request is one trace: `router.request` (a child of `trace_parent`, the client's
+        `traceparent`, if any) with an `agent.turn` span per turn. Its metrics are recorded
+        when the final completion is ready, or as outcome `error` when it fails."""
         state = LoopState()
+        root = telemetry.start_span("router.request", trace_parent, kind=SpanKind.SERVER)
+        completed = False
+        try:
+            async for kind, event in self._events(request, start_sidecar, main_events, state,
+                                                  root):
+                if kind == "final":
+                    completed = True
+                    self._observe(root, event, state)
+                yield kind, event
+        except BaseException as exc:
+            telemetry.fail(root, exc)
+            if not completed:
+                telemetry.record_all(self.metrics, telemetry.failed_request_measurements())
+            raise
+        finally:
+            root.end()
+
+    def _observe(self, root: Span, completion: dict[str, Any], state: LoopState) -> None:
+        report = OooSpecReport.model_validate(completion["ooo_spec"])
+        telemetry.set_attributes(root, telemetry.request_attributes(report, len(state.finals)))
+        telemetry.record_all(self.metrics, telemetry.request_measurements(
+            report, state.pre_executed, state.pre_used, self.hit_rate.add(report.outcome)))
+
+    async def _events(
+        self,
+        request: ChatCompletionRequest,
+        start_sidecar: StartSidecar,
+        main_events: MainEvents,
+        state: LoopState,
+        root: Span,
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        started = self.clock()
         turn_request = request
         while True:
             turn: _Turn | None = None
-            async for kind, event in self._turn(turn_request, start_sidecar, main_events):
-                if kind == "delta":
-                    yield kind, event
-                else:
-                    turn = event["turn"]
-            assert turn is not None
-            if state.first_commit is None:
-                state.first_commit = turn.commit
-            state.finals.append(turn.final)
-            state.outcomes.append(self.outcome(turn_request, turn.final))
             messages: list[dict[str, Any]] | None = None
+            # Not current (this generator yields): `_turn` hands it on explicitly.
+            turn_span = telemetry.start_span(
+                "agent.turn", telemetry.context_of(root), {"ooo_spec.turn": len(state.finals)}
+            )
             try:
-                if await self._executes(request, turn, state):
-                    messages = await self._run_round(turn, state)
-                else:
-                    await self._report_ready(turn, state)
+                async for kind, event in self._turn(turn_request, start_sidecar, main_events,
+                                                    turn_span):
+                    if kind == "delta":
+                        yield kind, event
+                    else:
+                        turn = event["turn"]
+                assert turn is not None
+                if state.first_commit is None:
+                    state.first_commit = turn.commit
+                state.finals.append(turn.final)
+                state.outcomes.append(self.outcome(turn_request, turn.final))
+                telemetry.set_attributes(turn_span, telemetry.turn_attributes(
+                    len(state.finals) - 1, turn_request.effective_tool_choice,
+                    state.outcomes[-1], (c.name for c in turn.invocations)))
+                try:
+                    # No `yield` in here: reconcile and tool spans are children of the turn.
+                    with telemetry.within(turn_span):
+                        if await self._executes(request, turn, state):
+                            messages = await self._run_round(turn, state)
+                        else:
+                            await self._report_ready(turn, state)
+                finally:
+                    # Whatever happened (a dropped client, the deadline), no run outlives its
+                    # turn.
+                    if turn.pre is not None:
+                        turn.pre.cancel()
+            except BaseException as exc:
+                telemetry.fail(turn_span, exc)
+                raise
             finally:
-                # Whatever happened (a dropped client, the deadline), no run outlives its turn.
-                if turn.pre is not None:
-                    turn.pre.cancel()
+                turn_span.end()
             if messages is None:
                 yield "final", self.completion(request, turn, state, started)
                 return
@@ -184,10 +265,17 @@ class ChatService:
         request: ChatCompletionRequest,
         start_sidecar: StartSidecar,
         main_events: MainEvents,
+        span: Span,
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """Fan out one turn: the sidecar first, the main call right after without waiting for
-        the sidecar's answer; the prediction feeds pre-execution in the background."""
+        the sidecar's answer; the prediction feeds pre-execution in the background.
+
+        `span` (the turn's) is the parent of the sidecar's and main model's spans, through the
+        carrier in the payload, and of pre-executions, through the watcher task's context."""
         payload = request.model_dump(exclude_none=True)
+        carrier = telemetry.inject(telemetry.context_of(span))
+        if carrier:
+            payload[telemetry.CARRIER_KEY] = carrier
         sidecar = await start_sidecar(payload) if self.wants_sidecar(request) else None
         pre: PreExecution | None = None
         if (
@@ -198,7 +286,13 @@ class ChatService:
         ):
             schemas = {t.function.name: t.function.parameters for t in request.tools or []}
             pre = PreExecution(self.tools, self.policy, schemas, request.named_tool, self.clock)
-            pre.watch(sidecar.prediction)
+            with telemetry.within(span):
+                pre.watch(sidecar.prediction)
+        observed: asyncio.Future[dict[str, Any]] | None = None
+        if sidecar is not None and sidecar.prediction is not None and (
+            request.ooo_spec.await_prediction
+        ):
+            observed = asyncio.ensure_future(observe_prediction(sidecar.prediction, self.clock))
         final: dict[str, Any] | None = None
         try:
             async for event in main_events(payload, sidecar.token if sidecar else None):
@@ -213,8 +307,19 @@ class ChatService:
         except BaseException:
             if pre is not None:
                 pre.cancel()
+            if observed is not None:
+                observed.cancel()
+            if sidecar is not None and sidecar.cancel is not None:
+                sidecar.cancel()  # a dropped client or the deadline: stop the sidecar too
             raise
         commit = self.clock()
+        try:
+            if observed is not None and final is not None:
+                final["prediction"] = await observed
+        finally:
+            # The prediction is moot once the main call is over: free the sidecar.
+            if sidecar is not None and sidecar.cancel is not None:
+                sidecar.cancel()
         if final is None:
             if pre is not None:
                 pre.cancel()
@@ -245,13 +350,18 @@ class ChatService:
         them, and return the assistant + tool messages for the next turn."""
         assert self.tools is not None
         tools = self.tools
-        hits = (await turn.pre.settle(turn.invocations, wait=True) if turn.pre is not None
-                else [None] * len(turn.invocations))
-        fresh = [
-            run_tool(tools, call, False, self.clock)
-            for call, hit in zip(turn.invocations, hits, strict=True) if hit is None
-        ]
-        ran = iter(await asyncio.gather(*fresh))
+        with telemetry.span("reconcile") as span:
+            hits = (await turn.pre.settle(turn.invocations, wait=True) if turn.pre is not None
+                    else [None] * len(turn.invocations))
+            self._reconciled(span, turn, state, hits)
+        with telemetry.span("agent.tools") as span:
+            fresh = [
+                run_tool(tools, call, False, self.clock)
+                for call, hit in zip(turn.invocations, hits, strict=True) if hit is None
+            ]
+            telemetry.set_attributes(span, {"ooo_spec.tools.fresh": len(fresh),
+                                            "ooo_spec.tools.reused": len(hits) - len(fresh)})
+            ran = iter(await asyncio.gather(*fresh))
         runs = [hit if hit is not None else next(ran) for hit in hits]
         # Critical-path tool time: from the commit until the last result was in.
         state.tools_ms += max(0.0, self.clock() - turn.commit) * 1000
@@ -272,12 +382,25 @@ class ChatService:
     async def _report_ready(self, turn: _Turn, state: LoopState) -> None:
         """A turn going back to the client: report the pre-executed results that already
         answer its calls, and stop the rest."""
-        if turn.pre is None:
-            return
-        hits = await turn.pre.settle(turn.invocations, wait=False)
+        with telemetry.span("reconcile") as span:
+            hits = (await turn.pre.settle(turn.invocations, wait=False) if turn.pre is not None
+                    else [None] * len(turn.invocations))
+            self._reconciled(span, turn, state, hits)
         for call_id, hit in zip(turn.call_ids, hits, strict=True):
             if hit is not None:
                 state.tool_results.append(hit.report(call_id, turn.commit))
+
+    def _reconciled(
+        self, span: Span, turn: _Turn, state: LoopState, hits: Sequence[ToolRun | None]
+    ) -> None:
+        """Account for what pre-execution gave this turn (the `reconcile` span, the metrics)."""
+        dispatched = turn.pre.dispatched if turn.pre is not None else 0
+        used = sum(1 for hit in hits if hit is not None)
+        state.pre_executed += dispatched
+        state.pre_used += used
+        saved = sum(hit.report("", turn.commit).saved_ms for hit in hits if hit is not None)
+        telemetry.set_attributes(span, telemetry.reconcile_attributes(
+            state.outcomes[-1], dispatched, used, saved))
 
     def _next_request(
         self,
@@ -368,6 +491,8 @@ class ChatService:
                         for f in finals for c in f.get("candidates") or []],
             main=sum_main(f["main"] for f in finals),
             tool_results=state.tool_results,
+            predictions=[PredictionReport.model_validate(f["prediction"])
+                         for f in finals if f.get("prediction")],
             timings_ms=TimingsReport(
                 total=(self.clock() - started) * 1000,
                 sidecar=sum((f.get("sidecar") or {}).get("elapsed_ms", 0.0) for f in finals),
@@ -376,6 +501,26 @@ class ChatService:
                 first_commit=(first_commit - started) * 1000,
             ),
         )
+
+
+async def observe_prediction(prediction: Awaitable[Any], clock: Clock) -> dict[str, Any]:
+    """The sidecar's prediction as the router saw it arrive (`await_prediction`), for the
+    agreement measurement: its first candidate, whenever it came."""
+    started = clock()
+    try:
+        raw = await prediction
+        parsed = Prediction.model_validate(raw)
+    except Exception as exc:  # noqa: BLE001 - reported, never raised: it is a measurement
+        return PredictionReport(ready_ms=(clock() - started) * 1000,
+                                error=f"{type(exc).__name__}: {exc}").model_dump()
+    first = parsed.candidates[0] if parsed.candidates else []
+    return PredictionReport(
+        ready_ms=(clock() - started) * 1000,
+        elapsed_ms=parsed.elapsed_ms,
+        calls=[{"name": c.name, "arguments": c.arguments} for c in first],
+        no_call=parsed.no_call,
+        error=parsed.error,
+    ).model_dump()
 
 
 def sse(data: dict[str, Any] | str) -> str:

@@ -14,6 +14,9 @@ from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
+from opentelemetry.context import Context
+
+from app import telemetry
 from app.api.errors import ApiError
 from app.api.openai_models import CandidateReport, ChatCompletionRequest
 from app.config import AppConfig
@@ -175,8 +178,10 @@ class MainModelService:
         self,
         prepared: PreparedRequest,
         candidates: Awaitable[Prediction] | None,
+        trace_parent: Context | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
-        """Events: {'type': 'delta', 'text'} per forward pass, then one {'type': 'final'}."""
+        """Events: {'type': 'delta', 'text'} per forward pass, then one {'type': 'final'}.
+        `trace_parent`: the caller's `main.generate` span, parent of `candidate.validate`."""
         started = time.perf_counter()
         intake = CandidateIntake(status="none" if candidates is None else "pending")
         internal: list[str] = []
@@ -190,7 +195,11 @@ class MainModelService:
                 prediction = await asyncio.wait_for(
                     candidates, self.config.speculation.sidecar_timeout_s
                 )
-                intake, rendered = self.intake(prepared, prediction, started)
+                with telemetry.span("candidate.validate", trace_parent) as span:
+                    intake, rendered = self.intake(prepared, prediction, started)
+                    telemetry.set_attributes(span, telemetry.validation_attributes(
+                        intake.status, intake.reports, len(rendered),
+                        self.config.telemetry.record_content))
             except TimeoutError:
                 intake = CandidateIntake(status="late")
                 return
@@ -213,7 +222,8 @@ class MainModelService:
         tally = GenerationTally(len(prepared.prompt_token_ids), started)
         try:
             async for delta in self.engine.stream(
-                prepared.prompt_token_ids, dict(prepared.sampling), prepared.speculate, on_start
+                prepared.prompt_token_ids, dict(prepared.sampling), prepared.speculate, on_start,
+                realign=prepared.request.ooo_spec.realign,
             ):
                 tally.add(delta)
                 if delta.text:
