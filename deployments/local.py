@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +33,18 @@ def base_url(serve_config: dict[str, Any]) -> str:
     return f"http://{http.get('host', '127.0.0.1')}:{http.get('port', 8000)}"
 
 
-def start(serve_config: dict[str, Any], num_cpus: int | None = None) -> str:
-    """Deploy every application of the config; return the base URL once /healthz answers."""
+def start(
+    serve_config: dict[str, Any],
+    num_cpus: int | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    metrics_export_port: int | None = None,
+) -> str:
+    """Deploy every application of the config; return the base URL once /healthz answers.
+
+    `env`: more environment for the replicas (e.g. OTEL_* for a trace receiver).
+    `metrics_export_port`: where Ray's Prometheus endpoint listens (default: a free port Ray
+    picks); both only apply when this call starts Ray."""
     import ray
     from ray import serve
 
@@ -43,7 +54,8 @@ def start(serve_config: dict[str, Any], num_cpus: int | None = None) -> str:
         ray.init(
             num_cpus=num_cpus or os.cpu_count() or 2,
             include_dashboard=False,
-            runtime_env={"env_vars": _replica_env(root)},
+            runtime_env={"env_vars": {**_replica_env(root), **(env or {})}},
+            _metrics_export_port=metrics_export_port,
             log_to_driver=os.environ.get("OOO_SPEC_RAY_LOGS", "0") == "1",
         )
     http = serve_config.get("http_options") or {}
@@ -63,9 +75,12 @@ def start(serve_config: dict[str, Any], num_cpus: int | None = None) -> str:
 
 def _replica_env(root: str) -> dict[str, str]:
     env = {"PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
-    for key in ("OOO_SPEC_HOME", "XDG_CACHE_HOME", "HF_HUB_OFFLINE"):
+    # OOO_SPEC_API_KEYS: the router's keys (config `auth.api_keys_env`) reach it from here.
+    for key in ("OOO_SPEC_HOME", "XDG_CACHE_HOME", "HF_HUB_OFFLINE", "OOO_SPEC_API_KEYS"):
         if key in os.environ:
             env[key] = os.environ[key]
+    # Tracing is configured by the standard OpenTelemetry variables (app/telemetry.py).
+    env.update({k: v for k, v in os.environ.items() if k.startswith("OTEL_")})
     env.setdefault("HF_HUB_OFFLINE", "1")
     return env
 

@@ -18,6 +18,8 @@ def serve_config() -> dict:
 
     config = load_serve_config(ROOT / "configs" / "local.yaml")
     config["http_options"] = {**config.get("http_options", {}), "port": TEST_PORT}
+    # Inert until a test arms a fault through a Ray handle (tests/e2e/test_faults.py).
+    config["applications"][0]["args"]["faults"] = {"enabled": True}
     return config
 
 

@@ -18,7 +18,7 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from app.config import EngineConfig, SpeculationConfig
@@ -41,6 +41,8 @@ class StepDelta:
     time: float
     # Set on the last delta: what the proposer drafted for this request.
     speculation: RequestSpeculation | None = None
+    # Per new token, the log-probabilities asked for (`logprob_token_ids` in the sampling).
+    logprobs: list[dict[int, float]] | None = None
 
 
 @dataclass
@@ -53,6 +55,7 @@ class GenerationResult:
     ttft_ms: float
     decode_ms: float
     speculation: RequestSpeculation | None
+    logprobs: list[dict[int, float]] = field(default_factory=list)
 
     @property
     def accepted_tokens(self) -> int:
@@ -74,6 +77,7 @@ class GenerationTally:
         self.last = started
         self.finish: str | None = None
         self.speculation: RequestSpeculation | None = None
+        self.logprobs: list[dict[int, float]] = []
 
     def add(self, delta: StepDelta) -> None:
         if delta.token_ids:
@@ -85,6 +89,7 @@ class GenerationTally:
         self.text.append(delta.text)
         self.finish = delta.finish_reason or self.finish
         self.speculation = delta.speculation or self.speculation
+        self.logprobs.extend(delta.logprobs or [])
 
     def result(self) -> GenerationResult:
         first = self.first or self.last
@@ -97,6 +102,7 @@ class GenerationTally:
             ttft_ms=(first - self.started) * 1000,
             decode_ms=(self.last - first) * 1000,
             speculation=self.speculation,
+            logprobs=self.logprobs,
         )
 
 
@@ -142,6 +148,9 @@ class VllmEngine:
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
         self._fatal: BaseException | None = None
+        self.aborted = 0  # requests given up before they finished (cancelled, dropped)
+        # external -> internal id of the requests in the engine; engine thread only
+        self._internal_ids: dict[str, str] = {}
         self.engine: Any = None
         self.tokenizer: Any = None
         self.model_path = ""
@@ -218,6 +227,12 @@ class VllmEngine:
         """Requests the engine still holds (engine's own count), for leak checks."""
         return int(self.engine.get_num_unfinished_requests()) if self.engine else 0
 
+    def counters(self) -> dict[str, int]:
+        """Leak checks: requests in the engine, open streams and candidate entries here (all
+        0 when idle), and the running count of aborted requests."""
+        return {"unfinished": self.num_unfinished(), "streams": len(self._streams),
+                "store": len(self.store), "aborted": self.aborted}
+
     # ----- step loop (engine thread only) ------------------------------------------------
     def _loop(self) -> None:
         try:
@@ -254,6 +269,11 @@ class VllmEngine:
                     reply(None, exc)
             elif cmd == "abort":
                 self.engine.abort_request([arg])
+                # Also what a request cancelled before its add was confirmed left behind.
+                self._streams.pop(arg, None)
+                internal = self._internal_ids.pop(arg, None)
+                if internal is not None:
+                    self.store.close(internal)
             try:
                 cmd, arg = self._commands.get_nowait()
             except queue.Empty:
@@ -270,11 +290,14 @@ class VllmEngine:
             finished=bool(out.finished),
             finish_reason=completion.finish_reason,
             time=now,
+            logprobs=[{tid: lp.logprob for tid, lp in step.items()}
+                      for step in completion.logprobs] if completion.logprobs else None,
         )
         loop, q = stream
         loop.call_soon_threadsafe(q.put_nowait, delta)
         if out.finished:
             self._streams.pop(out.request_id, None)
+            self._internal_ids.pop(out.request_id, None)
 
     # ----- public async API --------------------------------------------------------------
     async def stream(
@@ -283,6 +306,7 @@ class VllmEngine:
         sampling: dict[str, Any],
         speculate: bool = False,
         on_start: Any = None,
+        realign: bool = True,
     ) -> AsyncIterator[StepDelta]:
         """Yield one `StepDelta` per forward pass that produced tokens for this request.
 
@@ -322,6 +346,7 @@ class VllmEngine:
 
         external_id = f"req-{next(self._ids)}"
         internal_id: str | None = None
+        finished = False
         try:
             # Outputs come back under the external id; the model runner (and so the proposer
             # and the store) sees the internal one. Both are registered on the engine thread
@@ -329,7 +354,8 @@ class VllmEngine:
             def reply_and_register(internal: str | None, exc: Exception | None) -> None:
                 if internal is not None:
                     self._streams[external_id] = (loop, q)
-                    self.store.open(internal, enabled=speculate)
+                    self._internal_ids[external_id] = internal
+                    self.store.open(internal, enabled=speculate, realign=realign)
                 reply(internal, exc)
 
             self._commands.put(
@@ -345,6 +371,7 @@ class VllmEngine:
                 if item.finished:
                     item.speculation = self.store.close(internal_id)
                     internal_id = None
+                    finished = True
                     yield item
                     return
                 yield item
@@ -352,6 +379,10 @@ class VllmEngine:
             if internal_id is not None:
                 self._streams.pop(external_id, None)
                 self.store.close(internal_id)
+                self._commands.put(("abort", external_id))
+                self.aborted += 1
+            elif not finished:
+                # Cancelled while the add was on its way: the add is queued ahead of this abort.
                 self._commands.put(("abort", external_id))
 
     async def generate(
@@ -365,3 +396,15 @@ class VllmEngine:
         async for delta in self.stream(prompt_token_ids, sampling, speculate, on_start):
             tally.add(delta)
         return tally.result()
+
+    async def next_token_logprobs(
+        self, prompt_token_ids: list[int], token_ids: list[int]
+    ) -> dict[int, float]:
+        """Log-probabilities of `token_ids` as the next token after the prompt: one forward
+        pass (the prompt's prefix comes from the cache), whatever the grammar would allow."""
+        result = await self.generate(
+            prompt_token_ids,
+            {"max_tokens": 1, "temperature": 0.0, "logprob_token_ids": sorted(set(token_ids))},
+        )
+        scores = result.logprobs[0] if result.logprobs else {}
+        return {t: scores.get(t, float("-inf")) for t in token_ids}

@@ -1,0 +1,134 @@
+"""Optional API keys and per-key concurrency limits of the router.
+
+Keys come from the config (`auth.api_keys`) and from an environment variable of the router
+(`auth.api_keys_env`, comma-separated). With none the server is open and `authenticate` returns
+the anonymous caller; with any, a request needs `Authorization: Bearer <key>` (401 otherwise).
+Only SHA-256 digests of the keys are kept, compared in constant time; errors and metrics name a
+key by its label (`name`, or `key-` and the digest's first 8 hex digits), never by the key.
+
+`ConcurrencyLimiter` admits at most `max_concurrent` requests of one key at a time on this
+router replica and answers the next with 429 and `Retry-After` (with several router replicas
+the limit holds per replica).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from app.api.errors import ApiError
+from app.config import AuthConfig
+
+ANONYMOUS = "anonymous"
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who sent a request: the key's label and its concurrency limit (None: unlimited)."""
+
+    key_id: str
+    max_concurrent: int | None
+
+
+@dataclass(frozen=True)
+class _Key:
+    digest: bytes
+    caller: Caller
+
+
+def _digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode()).digest()
+
+
+def _unauthorized(message: str) -> ApiError:
+    return ApiError(401, message, code="invalid_api_key",
+                    headers={"WWW-Authenticate": 'Bearer realm="ooo-spec"'})
+
+
+class ApiKeys:
+    def __init__(self, keys: list[tuple[str, str | None, int | None]], default_limit: int) -> None:
+        """`keys`: (secret, label or None, own concurrency limit or None)."""
+        self._keys: list[_Key] = []
+        seen: set[bytes] = set()
+        for secret, label, limit in keys:
+            digest = _digest(secret)
+            if digest in seen:
+                continue
+            seen.add(digest)
+            key_id = label or f"key-{digest.hex()[:8]}"
+            self._keys.append(_Key(digest, Caller(key_id, limit or default_limit)))
+
+    @classmethod
+    def from_config(cls, config: AuthConfig, environ: Mapping[str, str]) -> ApiKeys:
+        keys: list[tuple[str, str | None, int | None]] = [
+            (k.key, k.name, k.max_concurrent) for k in config.api_keys
+        ]
+        raw = environ.get(config.api_keys_env, "") if config.api_keys_env else ""
+        keys.extend((part.strip(), None, None) for part in raw.split(",") if part.strip())
+        return cls(keys, config.max_concurrent_per_key)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._keys)
+
+    def authenticate(self, authorization: str | None) -> Caller:
+        """The caller of an `Authorization` header value; raises a 401 `ApiError`."""
+        if not self._keys:
+            return Caller(ANONYMOUS, None)
+        if not authorization:
+            raise _unauthorized(
+                "this server needs an API key: send 'Authorization: Bearer <key>'"
+            )
+        scheme, _, secret = authorization.strip().partition(" ")
+        if scheme.lower() != "bearer" or not secret.strip():
+            raise _unauthorized("the Authorization header must be 'Bearer <key>'")
+        digest = _digest(secret.strip())
+        found: Caller | None = None
+        for key in self._keys:  # every key is compared, so timing does not tell which matched
+            if hmac.compare_digest(digest, key.digest):
+                found = key.caller
+        if found is None:
+            raise _unauthorized("the API key is not valid")
+        return found
+
+
+class ConcurrencyLimiter:
+    """Requests in flight per key on this replica."""
+
+    def __init__(self, retry_after_s: int) -> None:
+        self.retry_after_s = retry_after_s
+        self._in_flight: dict[str, int] = {}
+
+    def in_flight(self, key_id: str) -> int:
+        return self._in_flight.get(key_id, 0)
+
+    def acquire(self, caller: Caller) -> Callable[[], None]:
+        """Take one slot of `caller`'s limit; returns the release function (safe to call more
+        than once). Raises a 429 `ApiError` with `Retry-After` when the limit is reached."""
+        limit = caller.max_concurrent
+        used = self._in_flight.get(caller.key_id, 0)
+        if limit is not None and used >= limit:
+            raise ApiError(
+                429,
+                f"API key '{caller.key_id}' already has {used} requests in flight; the limit "
+                f"is {limit}. Retry after the running ones finish.",
+                code="concurrency_limit_exceeded",
+                headers={"Retry-After": str(self.retry_after_s)},
+            )
+        self._in_flight[caller.key_id] = used + 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if released:
+                return
+            released = True
+            left = self._in_flight.get(caller.key_id, 1) - 1
+            if left > 0:
+                self._in_flight[caller.key_id] = left
+            else:
+                self._in_flight.pop(caller.key_id, None)
+
+        return release

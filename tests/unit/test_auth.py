@@ -1,0 +1,89 @@
+"""API keys and per-key concurrency limits (app.api.auth)."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.api.auth import ANONYMOUS, ApiKeys, Caller, ConcurrencyLimiter
+from app.api.errors import ApiError
+from app.config import AuthConfig
+
+
+def keys(**config: object) -> ApiKeys:
+    return ApiKeys.from_config(AuthConfig.model_validate(config), {})
+
+
+def test_no_keys_means_open_and_unlimited() -> None:
+    open_server = keys()
+    assert not open_server.enabled
+    for header in (None, "", "Bearer anything", "garbage"):
+        assert open_server.authenticate(header) == Caller(ANONYMOUS, None)
+
+
+@pytest.mark.parametrize(
+    ("header", "needle"),
+    [(None, "needs an API key"), ("", "needs an API key"), ("Basic abc", "Bearer <key>"),
+     ("Bearer", "Bearer <key>"), ("Bearer   ", "Bearer <key>"),
+     ("Bearer wrong-key-123", "not valid"), ("Bearer secret-one-x", "not valid")],
+)
+def test_bad_or_missing_key_is_401(header: str | None, needle: str) -> None:
+    server = keys(api_keys=["secret-one"])
+    with pytest.raises(ApiError) as caught:
+        server.authenticate(header)
+    err = caught.value
+    assert err.status == 401 and needle in err.message
+    assert err.headers["WWW-Authenticate"].startswith("Bearer")
+    assert "secret-one" not in err.message
+
+
+def test_config_and_env_keys_with_labels_and_limits() -> None:
+    config = AuthConfig.model_validate({
+        "api_keys": ["plain-key-1", {"key": "named-key-2", "name": "ci", "max_concurrent": 2}],
+        "api_keys_env": "MY_KEYS",
+        "max_concurrent_per_key": 5,
+    })
+    server = ApiKeys.from_config(config, {"MY_KEYS": " env-key-3 ,, env-key-4", "OTHER": "x"})
+    assert server.authenticate("Bearer named-key-2") == Caller("ci", 2)
+    assert server.authenticate("bearer  env-key-4 ").max_concurrent == 5
+    plain = server.authenticate("Bearer plain-key-1")
+    assert plain.key_id.startswith("key-") and "plain" not in plain.key_id
+    assert server.authenticate("Bearer env-key-3").key_id != plain.key_id
+    with pytest.raises(ApiError):
+        server.authenticate("Bearer OTHER")
+
+
+def test_env_var_can_be_switched_off() -> None:
+    config = AuthConfig.model_validate({"api_keys_env": None})
+    assert not ApiKeys.from_config(config, {"OOO_SPEC_API_KEYS": "k-123456"}).enabled
+
+
+def test_short_keys_are_a_config_error() -> None:
+    with pytest.raises(ValueError, match="at least 8"):
+        AuthConfig.model_validate({"api_keys": ["short"]})
+
+
+def test_concurrency_limit_is_per_key_with_retry_after() -> None:
+    limiter = ConcurrencyLimiter(retry_after_s=3)
+    a, b = Caller("a", 2), Caller("b", 1)
+    release_a1 = limiter.acquire(a)
+    limiter.acquire(a)
+    limiter.acquire(b)  # another key's slots are its own
+    with pytest.raises(ApiError) as caught:
+        limiter.acquire(a)
+    err = caught.value
+    assert err.status == 429 and err.headers == {"Retry-After": "3"}
+    assert "'a'" in err.message and "2" in err.message
+    release_a1()
+    release_a1()  # a second release must not free someone else's slot
+    assert limiter.in_flight("a") == 1
+    limiter.acquire(a)
+    with pytest.raises(ApiError):
+        limiter.acquire(a)
+
+
+def test_anonymous_callers_are_not_limited() -> None:
+    limiter = ConcurrencyLimiter(retry_after_s=1)
+    releases = [limiter.acquire(Caller(ANONYMOUS, None)) for _ in range(100)]
+    for release in releases:
+        release()
+    assert limiter.in_flight(ANONYMOUS) == 0

@@ -1,0 +1,72 @@
+"""Fault plans (app.faults): inert unless enabled, one fault at a time, always expiring."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.faults import (
+    SIDECAR_FAULTS,
+    FaultInjectionDisabled,
+    FaultPlan,
+    garbage_prediction,
+    wrong_prediction,
+)
+from app.spec.prediction import Prediction
+from app.spec.validation import validate_arguments
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_disabled_plan_refuses_to_arm() -> None:
+    plan = FaultPlan(False, SIDECAR_FAULTS)
+    with pytest.raises(FaultInjectionDisabled):
+        plan.arm("hang")
+    assert plan.hit() is None
+
+
+def test_armed_fault_is_active_until_cleared_or_expired() -> None:
+    clock = Clock()
+    plan = FaultPlan(True, SIDECAR_FAULTS, clock)
+    plan.arm("garbage", seconds=5)
+    assert plan.hit() == "garbage" and plan.hit() == "garbage"
+    assert plan.status() == {"kind": "garbage", "remaining_s": 5.0, "hits": 2, "waiting": 0}
+    clock.now += 5
+    assert plan.hit() is None and plan.status()["kind"] is None
+    plan.arm("hang", seconds=60)
+    plan.clear()
+    assert plan.active() is None
+
+
+def test_unknown_kinds_and_durations_are_refused() -> None:
+    plan = FaultPlan(True, {"hang"})
+    with pytest.raises(ValueError, match="unknown fault"):
+        plan.arm("garbage")
+    for seconds in (0, -1, 10_000):
+        with pytest.raises(ValueError):
+            plan.arm("hang", seconds)
+
+
+def test_garbage_is_not_a_prediction() -> None:
+    with pytest.raises(ValueError):
+        Prediction.model_validate(garbage_prediction())
+
+
+def test_wrong_prediction_validates_but_is_wrong() -> None:
+    schema = {"type": "object", "properties": {
+        "city": {"type": "string"}, "days": {"type": "integer"},
+        "unit": {"type": "string", "enum": ["c", "f"]}, "note": {"type": "string"}},
+        "required": ["city", "days", "unit"]}
+    tools = [{"type": "function", "function": {"name": "weather", "parameters": schema}}]
+    prediction = wrong_prediction(tools)
+    (call,) = prediction.candidates[0]
+    assert call.name == "weather"
+    assert set(call.arguments) == {"city", "days", "unit"}
+    assert call.arguments["city"] != "Paris"
+    assert validate_arguments(call.arguments, schema) == []
+    assert wrong_prediction([]).no_call
