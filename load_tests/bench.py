@@ -1,7 +1,15 @@
 """Benchmark harness behind `ooo-spec bench`: the same cases, several decoding modes, one server.
 
-A *mode* is a name plus the request extras that select it (`plain` = `ooo_spec.enabled: false`,
-the baseline; `ooo` = speculation on). Modes live in `MODES`; add one with `register_mode`.
+A *mode* is a name plus the request extras that select it: `plain` (`ooo_spec.enabled: false`,
+the baseline), `ngram` (vLLM's own prompt-lookup speculation on the server's second main engine,
+`ooo_spec.baseline: "ngram"`), `ooo` (sidecar candidates, no pre-execution) and `ooo+tools`
+(the same plus speculative pre-execution of server-known tools; only on the `agent` set, since
+BFCL's tools are unknown to the server). Modes live in `MODES`; add one with `register_mode`.
+
+Datasets: BFCL categories (`bfcl:simple_python,multiple,...`) and the multi-turn agent scenario
+set (`agent`, load_tests/agent_scenarios.py). Agent requests run the server-side agent loop
+(`execute_tools: true`) in every mode, so every mode pays for the same tool executions and only
+`ooo+tools` may start them early.
 
 Requests are interleaved case by case: for each case every mode runs once, and the order of
 the modes rotates from one case to the next, so no mode always goes first (cold caches, a
@@ -9,10 +17,15 @@ neighbour's load spike) or last. `--warmup N` requests per mode run before, and 
 JSON output but left out of every statistic.
 
 Each request is one `openai` client call (the real SDK, `extra_body` carrying `ooo_spec`); the
-`ooo_spec` report is read from the parsed response's extra fields. A request either gives a
-`Record` with the server's numbers, or a `Record` with `error` set; each has a timeout, and
-the run aborts after `max_consecutive_errors` failures in a row or when `max_duration_s` is
-spent, so it always ends by itself.
+`ooo_spec` report is read from the parsed response's extra fields. "Time to the committed tool
+call" is the server's `timings_ms.first_commit` (router clock, request arrival to the first
+turn's parsed calls): non-streamed and streamed responses alike deliver the calls only once
+they are parsed, and on the agent set the calls are never sent to the client at all.
+
+A request either gives a `Record` with the server's numbers, or a `Record` with `error` set;
+each has a timeout, and the run aborts after `max_consecutive_errors` failures in a row, when
+`max_duration_s` is spent, or when a warm-up request is refused (4xx: a mode the server cannot
+serve), so it always ends by itself.
 
 The statistics (`summarize`) are pure functions of the records: `report.py` prints and plots
 them.
@@ -22,6 +35,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -31,10 +45,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from app.spec.canonical import Invocation
+from load_tests.agent_scenarios import AgentCase
 from load_tests.bfcl import CORE_CATEGORIES, SUPPORTED_CATEGORIES, BfclCase, load_bfcl, score_calls
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 BASELINE = "plain"
+# The second baseline every ratio is also given against, when the run has it.
+PEER = "ngram"
+AGENT_SOURCE = "agent"
+Case = BfclCase | AgentCase
 PARALLEL_CATEGORIES = frozenset(c for c in SUPPORTED_CATEGORIES if "parallel" in c)
 
 
@@ -48,22 +67,38 @@ class Mode:
     name: str
     extra_body: Mapping[str, Any]
     description: str = ""
+    sources: frozenset[str] | None = None  # dataset sources it runs on; None = all
+
+    def applies_to(self, source: str) -> bool:
+        return self.sources is None or source in self.sources
 
 
 MODES: dict[str, Mode] = {}
 
 
-def register_mode(name: str, extra_body: Mapping[str, Any], description: str = "") -> Mode:
+def register_mode(
+    name: str,
+    extra_body: Mapping[str, Any],
+    description: str = "",
+    sources: Iterable[str] | None = None,
+) -> Mode:
     """Add (or replace) a mode; `--modes` then accepts `name`."""
     if not name or "," in name or name != name.strip():
         raise ValueError(f"bad mode name {name!r}")
-    mode = Mode(name, dict(extra_body), description)
+    mode = Mode(name, dict(extra_body), description,
+                frozenset(sources) if sources is not None else None)
     MODES[name] = mode
     return mode
 
 
 register_mode(BASELINE, {"ooo_spec": {"enabled": False}}, "plain decoding (the baseline)")
-register_mode("ooo", {"ooo_spec": {"enabled": True}}, "out-of-order semantic speculation")
+register_mode(PEER, {"ooo_spec": {"enabled": False, "baseline": "ngram"}},
+              "vLLM's own n-gram (prompt lookup) speculation on the second main engine")
+register_mode("ooo", {"ooo_spec": {"enabled": True, "pre_execute": False}},
+              "out-of-order semantic speculation, no tool pre-execution")
+register_mode("ooo+tools", {"ooo_spec": {"enabled": True, "pre_execute": True}},
+              "speculation plus pre-execution of predicted server-known tools",
+              sources=[AGENT_SOURCE])
 
 
 def parse_modes(spec: str) -> list[Mode]:
@@ -101,7 +136,7 @@ class DatasetSpec:
         return f"{self.source}:{self.category}"
 
 
-DATASET_SOURCES = ("bfcl",)
+DATASET_SOURCES = ("bfcl", AGENT_SOURCE)
 # Shorthands for several categories at once.
 BFCL_GROUPS: dict[str, tuple[str, ...]] = {"core": CORE_CATEGORIES}
 
@@ -110,13 +145,19 @@ def parse_dataset_spec(spec: str) -> list[DatasetSpec]:
     """`"bfcl:simple_python,multiple"` or `"bfcl:simple_python,bfcl:parallel"` -> specs.
 
     An item without `source:` takes the source of the item before it; `bfcl:core` means the
-    four core categories. Duplicates are dropped, order kept.
+    four core categories; `agent` is the whole agent scenario set. Duplicates are dropped,
+    order kept.
     """
     out: list[DatasetSpec] = []
     source: str | None = None
     for raw in spec.split(","):
         item = raw.strip()
         if not item:
+            continue
+        if item in (AGENT_SOURCE, f"{AGENT_SOURCE}:all"):
+            source = AGENT_SOURCE
+            if DatasetSpec(AGENT_SOURCE, "all") not in out:
+                out.append(DatasetSpec(AGENT_SOURCE, "all"))
             continue
         if ":" in item:
             source, _, category = item.partition(":")
@@ -129,6 +170,8 @@ def parse_dataset_spec(spec: str) -> list[DatasetSpec]:
             raise ValueError(
                 f"unknown dataset source {source!r}; known: {', '.join(DATASET_SOURCES)}"
             )
+        if source == AGENT_SOURCE:
+            raise ValueError(f"the agent set has no category {category!r}; write just 'agent'")
         categories = BFCL_GROUPS.get(category, (category,))
         for name in categories:
             if name not in SUPPORTED_CATEGORIES:
@@ -144,11 +187,28 @@ def parse_dataset_spec(spec: str) -> list[DatasetSpec]:
     return out
 
 
-def load_cases(specs: Iterable[DatasetSpec], limit: int | None) -> list[BfclCase]:
-    cases: list[BfclCase] = []
+def load_cases(
+    specs: Iterable[DatasetSpec],
+    limit: int | None,
+    server_tools: Callable[[], Sequence[Mapping[str, Any]]] | None = None,
+) -> list[Case]:
+    """Cases of every spec, in order. The agent set takes its tool definitions from the
+    server (`server_tools()`: the `data` of `GET /v1/tools`), so it needs that callable."""
+    from load_tests.agent_scenarios import load_agent_cases
+
+    cases: list[Case] = []
     for spec in specs:
-        cases += load_bfcl(spec.category, limit)
+        if spec.source == AGENT_SOURCE:
+            if server_tools is None:
+                raise ValueError("the agent set needs the server's tool listing")
+            cases += load_agent_cases(server_tools(), limit)
+        else:
+            cases += load_bfcl(spec.category, limit)
     return cases
+
+
+def case_source(case: Case) -> str:
+    return AGENT_SOURCE if isinstance(case, AgentCase) else "bfcl"
 
 
 # ---------------------------------------------------------------- requests and records
@@ -162,7 +222,7 @@ class RequestSettings:
     tool_choice: str = "required"
 
 
-def build_request(case: BfclCase, mode: Mode, settings: RequestSettings) -> dict[str, Any]:
+def build_request(case: Case, mode: Mode, settings: RequestSettings) -> dict[str, Any]:
     """Keyword arguments of `client.chat.completions.create` for one case in one mode."""
     kwargs: dict[str, Any] = {
         "model": settings.model,
@@ -173,7 +233,13 @@ def build_request(case: BfclCase, mode: Mode, settings: RequestSettings) -> dict
         "max_tokens": settings.max_tokens,
         "extra_body": json.loads(json.dumps(mode.extra_body)),  # a private copy
     }
-    if case.category in PARALLEL_CATEGORIES:
+    if isinstance(case, AgentCase):
+        # Every mode runs the agent loop, so all pay for the same tool executions.
+        kwargs["tool_choice"] = case.tool_choice
+        kwargs["max_tokens"] = min(settings.max_tokens, case.max_tokens)
+        options = kwargs["extra_body"].setdefault("ooo_spec", {})
+        options.update(execute_tools=True, max_steps=case.max_steps)
+    elif case.category in PARALLEL_CATEGORIES:
         kwargs["parallel_tool_calls"] = True
     return kwargs
 
@@ -189,6 +255,12 @@ class Record:
     warmup: bool = False
     error: str | None = None
     e2e_ms: float = 0.0
+    source: str = "bfcl"
+    first_commit_ms: float | None = None  # time to the committed tool call (server clock)
+    tools_ms: float | None = None  # tool wait after the commits (agent loop)
+    baseline: str | None = None  # the comparison engine that decoded, if any
+    # Server-run tools: {name, content, speculative, saved_ms}.
+    tool_results: list[dict[str, Any]] = field(default_factory=list)
     outcome: str | None = None
     steps: int | None = None
     completion_tokens: int | None = None
@@ -210,9 +282,14 @@ class Record:
     def ok(self) -> bool:
         return self.error is None
 
-    def output(self) -> tuple[str | None, tuple[tuple[str, str], ...]]:
-        """What must equal the plain run's: the content and the calls, byte for byte."""
-        return self.content, tuple((c["name"], c["arguments"]) for c in self.tool_calls)
+    def output(self) -> tuple[Any, ...]:
+        """What must equal the plain run's: the content, the calls and what the server's tools
+        returned, byte for byte."""
+        return (
+            self.content,
+            tuple((c["name"], c["arguments"]) for c in self.tool_calls),
+            tuple((t["name"], t["content"]) for t in self.tool_results),
+        )
 
 
 def _extras(response: Any) -> dict[str, Any]:
@@ -224,7 +301,7 @@ def _extras(response: Any) -> dict[str, Any]:
 
 
 def record_from_response(
-    response: Any, case: BfclCase, mode: str, position: int, e2e_ms: float, warmup: bool = False
+    response: Any, case: Case, mode: str, position: int, e2e_ms: float, warmup: bool = False
 ) -> Record:
     """A `Record` from a parsed `ChatCompletion` (with its `ooo_spec` extra)."""
     report = _extras(response)
@@ -262,7 +339,17 @@ def record_from_response(
         finish_reason=choice.finish_reason,
         content=message.content,
         tool_calls=calls,
-        correct=score_output(calls, case),
+        # The agent set has no ground truth: its point is the same answer in every mode.
+        correct=score_output(calls, case) if isinstance(case, BfclCase) else None,
+        source=case_source(case),
+        first_commit_ms=timings.get("first_commit"),
+        tools_ms=timings.get("tools"),
+        baseline=report.get("baseline"),
+        tool_results=[
+            {"name": t.get("name"), "content": t.get("content"),
+             "speculative": bool(t.get("speculative")), "saved_ms": t.get("saved_ms", 0.0)}
+            for t in report.get("tool_results") or []
+        ],
     )
 
 
@@ -320,9 +407,31 @@ class RunLimits:
     max_consecutive_errors: int = 10
 
 
+PlanItem = tuple[Case, Mode, int, bool]  # case, mode, position in the case's order, warm-up
+
+
+def build_plan(cases: Sequence[Case], modes: Sequence[Mode], warmup: int) -> list[PlanItem]:
+    """Every request of a run, in order: warm-ups first (`warmup` cases of each dataset source,
+    so every mode is warmed on the kind of request it will serve), then each case in every mode
+    that applies to its source, the order rotated from case to case."""
+    plan: list[PlanItem] = []
+    by_source: dict[str, list[Case]] = {}
+    for case in cases:
+        by_source.setdefault(case_source(case), []).append(case)
+    for source, group in by_source.items():
+        applicable = [m for m in modes if m.applies_to(source)]
+        for i in range(warmup):
+            case = group[i % len(group)]
+            plan += [(case, m, p, True) for p, m in enumerate(mode_order(applicable, i))]
+    for i, case in enumerate(cases):
+        applicable = [m for m in modes if m.applies_to(case_source(case))]
+        plan += [(case, m, p, False) for p, m in enumerate(mode_order(applicable, i))]
+    return plan
+
+
 def run_bench(
     client: Any,
-    cases: Sequence[BfclCase],
+    cases: Sequence[Case],
     modes: Sequence[Mode],
     settings: RequestSettings,
     warmup: int = 2,
@@ -339,13 +448,7 @@ def run_bench(
     records: list[Record] = []
     started = clock()
     consecutive_errors = 0
-    plan: list[tuple[BfclCase, Mode, int, bool]] = []
-    if cases:
-        for i in range(warmup):
-            case = cases[i % len(cases)]
-            plan += [(case, m, p, True) for p, m in enumerate(mode_order(modes, i))]
-    for i, case in enumerate(cases):
-        plan += [(case, m, p, False) for p, m in enumerate(mode_order(modes, i))]
+    plan = build_plan(cases, modes, warmup)
 
     stop_reason: str | None = None
     for case, mode, position, is_warmup in plan:
@@ -365,8 +468,16 @@ def run_bench(
             break
         except Exception as exc:  # noqa: BLE001 - every failure becomes a record
             record = Record(case.id, case.category, mode.name, position, is_warmup,
-                            error=describe_error(exc), e2e_ms=(clock() - t0) * 1000)
+                            error=describe_error(exc), e2e_ms=(clock() - t0) * 1000,
+                            source=case_source(case))
             consecutive_errors += 1
+            status = getattr(exc, "status_code", None)
+            if is_warmup and isinstance(status, int) and 400 <= status < 500:
+                # A mode the server cannot serve (e.g. no n-gram engine deployed) will not
+                # start working halfway through: say so now instead of after N failures.
+                records.append(record)
+                stop_reason = f"the server rejected mode '{mode.name}': {record.error}"
+                break
         records.append(record)
         if progress is not None:
             progress(record)
@@ -427,6 +538,12 @@ def mode_summary(records: Sequence[Record]) -> dict[str, Any]:
         "e2e_ms_p50": percentile(e2e, 50),
         "e2e_ms_p95": percentile(e2e, 95),
         "e2e_ms_mean": statistics.fmean(e2e) if e2e else None,
+        "commit_ms_p50": percentile([r.first_commit_ms for r in ok
+                                     if r.first_commit_ms is not None], 50),
+        "tools_ms_median": median(r.tools_ms for r in ok if r.tool_results),
+        "tool_results_pre_executed": share(t["speculative"] for r in ok for t in r.tool_results),
+        "saved_ms_median": median(sum(t["saved_ms"] or 0.0 for t in r.tool_results)
+                                  for r in ok if r.tool_results),
         "steps_median": median(r.steps for r in ok),
         "steps_median_on_hits": median(r.steps for r in hits),
         "accepted_per_step": (
@@ -492,6 +609,9 @@ def versus_baseline(
         "decode_ratio_paired_median": paired_ratio_median(_paired(base, ok, "decode_ms")),
         "e2e_ratio": ratio(median(r.e2e_ms for r in base.values()), median(r.e2e_ms for r in ok)),
         "e2e_ratio_paired_median": paired_ratio_median(_paired(base, ok, "e2e_ms")),
+        "commit_ratio": ratio(median(r.first_commit_ms for r in base.values()),
+                              median(r.first_commit_ms for r in ok)),
+        "commit_ratio_paired_median": paired_ratio_median(_paired(base, ok, "first_commit_ms")),
         "candidate_ready_ms_median": ready,
         "plain_decode_ms_median": base_decode,
         "candidate_ready_vs_plain_decode": ratio(ready, base_decode),
@@ -502,15 +622,34 @@ def versus_baseline(
 def summarize(
     records: Sequence[Record], modes: Sequence[str], baseline: str = BASELINE
 ) -> dict[str, Any]:
+    """Per-mode statistics, and every mode's ratios against `baseline` and against the
+    n-gram peer (`vs_plain`, `vs_ngram`) when those modes ran."""
     by_mode = {m: [r for r in records if r.mode == m] for m in modes}
     summary: dict[str, Any] = {"modes": {m: mode_summary(rs) for m, rs in by_mode.items()}}
-    if baseline in by_mode:
-        summary["vs_" + baseline] = {
-            m: versus_baseline(by_mode[baseline], rs)
-            for m, rs in by_mode.items()
-            if m != baseline
-        }
+    for reference in dict.fromkeys([baseline, PEER]):
+        if reference in by_mode:
+            summary["vs_" + reference] = {
+                m: versus_baseline(by_mode[reference], rs)
+                for m, rs in by_mode.items()
+                if m != reference
+            }
     return summary
+
+
+def summarize_by_source(
+    records: Sequence[Record], modes: Sequence[Mode], baseline: str = BASELINE
+) -> dict[str, dict[str, Any]]:
+    """`summarize` per dataset source (BFCL and the agent set are different workloads), over
+    the modes that run on it."""
+    sources = list(dict.fromkeys(r.source for r in records))
+    return {
+        source: summarize(
+            [r for r in records if r.source == source],
+            [m.name for m in modes if m.applies_to(source)],
+            baseline,
+        )
+        for source in sources
+    }
 
 
 def records_as_dicts(records: Sequence[Record]) -> list[dict[str, Any]]:
@@ -569,17 +708,30 @@ def run_command(args: Any, say: Callable[[str], None]) -> int:
         raise BenchError("--limit must be at least 1")
     if args.warmup < 0:
         raise BenchError("--warmup must not be negative")
-    cases = load_cases(specs, args.limit)
-    if not cases:
+    # BFCL now (a bad category fails before any server starts); the agent set needs the
+    # server's tool listing, so it loads once the server answers.
+    cases: list[Case] = load_cases([s for s in specs if s.source != AGENT_SOURCE], args.limit)
+    wants_agent = any(s.source == AGENT_SOURCE for s in specs)
+    if not cases and not wants_agent:
         raise BenchError(f"dataset {args.dataset} has no cases")
-    say(f"ooo-spec bench: {len(cases)} cases from {', '.join(map(str, specs))}; "
-        f"modes {', '.join(m.name for m in modes)}; warm-up {args.warmup} per mode")
+    unused = [m.name for m in modes
+              if not any(m.applies_to(s.source) for s in specs)]
+    if unused:
+        raise BenchError(f"mode(s) {', '.join(unused)} run on none of these datasets "
+                         f"(e.g. ooo+tools needs server-known tools: add the 'agent' set)")
+    say(f"ooo-spec bench: datasets {', '.join(map(str, specs))}; "
+        f"modes {', '.join(m.name for m in modes)}; warm-up {args.warmup} per mode and source")
 
     started_server = False
     try:
         if args.start:
             from deployments import local
 
+            if args.slow_tool_ms is not None:
+                from app.tools.builtin import SLOW_TOOL_ENV
+
+                # Ray's workers (the tool worker among them) inherit the driver's environment.
+                os.environ[SLOW_TOOL_ENV] = str(args.slow_tool_ms)
             config = local.load_serve_config(args.config)
             if args.port is not None:
                 config.setdefault("http_options", {})["port"] = args.port
@@ -597,6 +749,13 @@ def run_command(args: Any, say: Callable[[str], None]) -> int:
         if base_url.endswith("/v1"):
             base_url = base_url[: -len("/v1")]
         model = args.model or served_model(base_url)
+        if wants_agent:
+            try:
+                cases += load_cases([s for s in specs if s.source == AGENT_SOURCE], args.limit,
+                                    server_tools=lambda: server_tool_listing(base_url))
+            except ValueError as exc:
+                raise BenchError(str(exc)) from None
+        say(f"ooo-spec bench: {len(cases)} cases")
         records, stop_reason, elapsed = _measure(args, cases, modes, base_url, model)
     finally:
         if started_server:
@@ -606,9 +765,12 @@ def run_command(args: Any, say: Callable[[str], None]) -> int:
             local.stop()
 
     names = [m.name for m in modes]
-    summary = summarize(records, names)
+    summaries = summarize_by_source(records, modes)
     print(format_header(args, base_url, model, len(cases), elapsed, stop_reason))
-    print(report.format_summary(summary, BASELINE))
+    for source, summary in summaries.items():
+        if len(summaries) > 1:
+            print(f"\n=== {source} ===\n")
+        print(report.format_summary(summary, BASELINE, PEER))
 
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir = Path(args.out)
@@ -625,24 +787,29 @@ def run_command(args: Any, say: Callable[[str], None]) -> int:
             "started_server": bool(args.start),
             "config": args.config if args.start else None,
             "request": {"max_tokens": args.max_tokens, "temperature": 0.0,
-                        "tool_choice": "required", "timeout_s": args.timeout},
+                        "tool_choice": "required", "timeout_s": args.timeout,
+                        "agent": "tool_choice and max_tokens per scenario, execute_tools"},
+            "slow_tool_ms": args.slow_tool_ms if args.start else None,
             "cases": len(cases),
             "elapsed_s": elapsed,
             "stop_reason": stop_reason,
             "git_commit": _git_commit(),
             "finished_at": datetime.now().isoformat(timespec="seconds"),
         },
-        "summary": summary,
+        "summary": summaries,  # per dataset source
         "records": record_dicts,
     }
     json_path = report.write_json(out_dir / f"bench-{stamp}.json", payload)
-    png_path = report.plot_latencies(
-        out_dir / f"bench-{stamp}.png", record_dicts, names,
-        title=f"{args.dataset} (n={len(cases)} cases) on {model}",
-    )
     print(f"\nrecords + summary: {json_path}")
-    if png_path is not None:
-        print(f"latency plot:      {png_path}")
+    for source in summaries:
+        suffix = f"-{source}" if len(summaries) > 1 else ""
+        png_path = report.plot_latencies(
+            out_dir / f"bench-{stamp}{suffix}.png",
+            [r for r in record_dicts if r["source"] == source], names,
+            title=f"{source}: {args.dataset} on {model}",
+        )
+        if png_path is not None:
+            print(f"latency plot:      {png_path}")
     if stop_reason is not None:
         say(f"ooo-spec bench: stopped early: {stop_reason}")
         return 1
@@ -659,15 +826,30 @@ def format_header(
     return line + "\n"
 
 
+def server_tool_listing(base_url: str, timeout_s: float = 30.0) -> list[dict[str, Any]]:
+    """The `data` of `GET /v1/tools`."""
+    import httpx
+
+    try:
+        reply = httpx.get(f"{base_url}/v1/tools", timeout=timeout_s)
+        reply.raise_for_status()
+        return list(reply.json()["data"])
+    except (httpx.HTTPError, KeyError, ValueError) as exc:
+        raise BenchError(
+            f"cannot list the server's tools at {base_url}/v1/tools ({type(exc).__name__}: "
+            f"{exc}); the agent set needs them"
+        ) from None
+
+
 def _measure(
-    args: Any, cases: Sequence[BfclCase], modes: Sequence[Mode], base_url: str, model: str
+    args: Any, cases: Sequence[Case], modes: Sequence[Mode], base_url: str, model: str
 ) -> tuple[list[Record], str | None, float]:
     from openai import OpenAI
     from tqdm import tqdm
 
     client = OpenAI(base_url=f"{base_url}/v1", api_key="ooo-spec-bench", max_retries=0,
                     timeout=args.timeout)
-    total = (len(cases) + (args.warmup if cases else 0)) * len(modes)
+    total = len(build_plan(cases, modes, args.warmup))
     bar = tqdm(total=total, file=sys.stderr, unit="req", dynamic_ncols=True,
                disable=args.no_progress)
     failures = Counter[str]()

@@ -50,6 +50,7 @@ MODE_ROWS: tuple[tuple[str, str, Formatter], ...] = (
     ("outcomes", "outcomes", _outcomes),
     ("e2e p50 ms", "e2e_ms_p50", _num()),
     ("e2e p95 ms", "e2e_ms_p95", _num()),
+    ("committed tool call p50 ms", "commit_ms_p50", _num()),
     ("e2e p50 ms when 1st / 2nd / ...", "e2e_ms_median_by_position", _by_position),
     ("main steps / request (median)", "steps_median", _num(1)),
     ("main steps on hits (median)", "steps_median_on_hits", _num(1)),
@@ -60,6 +61,9 @@ MODE_ROWS: tuple[tuple[str, str, Formatter], ...] = (
     ("sidecar ms (median)", "sidecar_ms_median", _num()),
     ("requests with a candidate", "with_candidate", _pct),
     ("candidate ready ms (median)", "candidate_ready_ms_median", _num()),
+    ("tool wait after commit ms (median)", "tools_ms_median", _num()),
+    ("tool results pre-executed", "tool_results_pre_executed", _pct),
+    ("tool time saved ms (median)", "saved_ms_median", _num()),
     ("BFCL accuracy", "accuracy", _pct),
     ("identical to plain", "identical_to_plain", _pct),
 )
@@ -72,6 +76,8 @@ RATIO_ROWS: tuple[tuple[str, str, Formatter], ...] = (
     ("decode ratio (per-case median)", "decode_ratio_paired_median", _times),
     ("e2e ratio (median/median)", "e2e_ratio", _times),
     ("e2e ratio (per-case median)", "e2e_ratio_paired_median", _times),
+    ("committed call ratio (median/median)", "commit_ratio", _times),
+    ("committed call ratio (per-case median)", "commit_ratio_paired_median", _times),
     ("paired cases", "paired_cases", _num()),
 )
 
@@ -88,9 +94,11 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def format_summary(summary: Mapping[str, Any], baseline: str = "plain") -> str:
-    """The per-mode table, then the ratios against the baseline (baseline / mode: >1 = the
-    mode is faster), then candidate-ready vs plain decode time."""
+def format_summary(
+    summary: Mapping[str, Any], baseline: str = "plain", peer: str | None = "ngram"
+) -> str:
+    """The per-mode table, then the ratios against the baseline and against the peer when it
+    ran (reference / mode: >1 = the mode is faster), then candidate-ready vs plain decode."""
     modes = list(summary["modes"])
     per_mode = summary["modes"]
     parts = [
@@ -101,24 +109,30 @@ def format_summary(summary: Mapping[str, Any], baseline: str = "plain") -> str:
     ]
     versus = summary.get(f"vs_{baseline}") or {}
     others = list(versus)
-    if others:
-        parts.append(
-            _table(
-                [f"vs {baseline} ({baseline}/mode, >1 = faster)", *others],
-                [[label] + [fmt(versus[m].get(key)) for m in others]
-                 for label, key, fmt in RATIO_ROWS],
+    for reference in dict.fromkeys([baseline, peer]):
+        against = summary.get(f"vs_{reference}") or {}
+        if against:
+            parts.append(
+                _table(
+                    [f"vs {reference} ({reference}/mode, >1 = faster)", *against],
+                    [[label] + [fmt(against[m].get(key)) for m in against]
+                     for label, key, fmt in RATIO_ROWS],
+                )
             )
-        )
+    if others:
         lines = []
         for m in others:
             v = versus[m]
+            if not per_mode[m].get("with_candidate"):
+                continue  # plain decoding or the n-gram engine: no sidecar candidates
             lines.append(
                 f"{m}: first candidate ready at {_num(0, ' ms')(v['candidate_ready_ms_median'])}"
                 f" (median over the {_pct(per_mode[m].get('with_candidate'))} of requests that"
                 f" got one) vs {baseline} decode {_num(0, ' ms')(v['plain_decode_ms_median'])}"
                 f" (median): {_times(v['candidate_ready_vs_plain_decode'])} of it"
             )
-        parts.append("\n".join(lines))
+        if lines:
+            parts.append("\n".join(lines))
     elif baseline not in per_mode:
         parts.append(f"(no '{baseline}' mode in this run: no ratios, no identity check)")
     errors = {m: s["error_messages"] for m, s in per_mode.items() if s.get("error_messages")}

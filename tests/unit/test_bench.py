@@ -68,7 +68,12 @@ def rec(case: str, mode: str, **kw: Any) -> Record:
 
 def test_builtin_modes() -> None:
     assert MODES["plain"].extra_body == {"ooo_spec": {"enabled": False}}
-    assert MODES["ooo"].extra_body == {"ooo_spec": {"enabled": True}}
+    assert MODES["ngram"].extra_body == {"ooo_spec": {"enabled": False, "baseline": "ngram"}}
+    # Only ooo+tools may pre-execute, and only where the server knows the tools.
+    assert MODES["ooo"].extra_body == {"ooo_spec": {"enabled": True, "pre_execute": False}}
+    assert MODES["ooo+tools"].extra_body == {"ooo_spec": {"enabled": True, "pre_execute": True}}
+    assert [m for m in MODES if not MODES[m].applies_to("bfcl")] == ["ooo+tools"]
+    assert all(mode.applies_to("agent") for mode in MODES.values())
 
 
 def test_register_mode_and_parse() -> None:
@@ -401,3 +406,145 @@ def test_report_writes_json_and_png(tmp_path: Any) -> None:
     png = report.plot_latencies(tmp_path / "out" / "b.png", dicts, ["plain", "ooo"], "t")
     assert png is not None and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert report.plot_latencies(tmp_path / "none.png", [], ["plain"]) is None
+
+
+# ---------------------------------------------------------------- ngram, agent set, ooo+tools
+
+
+def agent_case(case_id: str = "agent_x", max_steps: int = 1) -> bench.AgentCase:
+    return bench.AgentCase(
+        id=case_id, messages=[{"role": "user", "content": "look up 'paris'"}],
+        tools=make_case().tools, tool_choice={"type": "function", "function": {"name": "area"}},
+        max_steps=max_steps, max_tokens=48,
+    )
+
+
+def test_parse_agent_dataset() -> None:
+    assert parse_dataset_spec("bfcl:simple_python,multiple,agent") == [
+        DatasetSpec("bfcl", "simple_python"), DatasetSpec("bfcl", "multiple"),
+        DatasetSpec("agent", "all")]
+    assert parse_dataset_spec("agent:all,agent") == [DatasetSpec("agent", "all")]
+    with pytest.raises(ValueError, match="no category"):
+        parse_dataset_spec("agent:lookup")
+
+
+def test_agent_requests_run_the_loop_in_every_mode() -> None:
+    settings = RequestSettings(model="m")
+    for name in ("plain", "ngram", "ooo", "ooo+tools"):
+        kwargs = build_request(agent_case(max_steps=2), MODES[name], settings)
+        options = kwargs["extra_body"]["ooo_spec"]
+        assert options["execute_tools"] is True and options["max_steps"] == 2
+        assert kwargs["tool_choice"] == {"type": "function", "function": {"name": "area"}}
+        assert kwargs["max_tokens"] == 48 and "parallel_tool_calls" not in kwargs
+        # Only ooo+tools may pre-execute; the registry's extras stay untouched.
+        assert options.get("pre_execute", False) is (name == "ooo+tools")
+        assert "execute_tools" not in MODES[name].extra_body["ooo_spec"]
+    bfcl = build_request(make_case(), MODES["ngram"], settings)
+    assert bfcl["extra_body"] == {"ooo_spec": {"enabled": False, "baseline": "ngram"}}
+
+
+def test_plan_runs_ooo_tools_only_on_the_agent_set_and_warms_each_source() -> None:
+    modes = parse_modes("plain,ngram,ooo,ooo+tools")
+    cases = [make_case("simple_python_0"), make_case("simple_python_1"), agent_case("agent_a")]
+    plan = bench.build_plan(cases, modes, warmup=1)
+    warm = [(c.id, m.name) for c, m, _, w in plan if w]
+    measured = [(c.id, m.name) for c, m, _, w in plan if not w]
+    assert sorted(warm) == sorted([("simple_python_0", m) for m in ("plain", "ngram", "ooo")]
+                                  + [("agent_a", m.name) for m in modes])
+    assert [m for c, m in measured if c == "simple_python_0"] == ["plain", "ngram", "ooo"]
+    assert [m for c, m in measured if c == "simple_python_1"] == ["ngram", "ooo", "plain"]
+    assert sorted(m for c, m in measured if c == "agent_a") == sorted(m.name for m in modes)
+    # Positions are within each case's own order.
+    assert {p for c, _, p, w in plan if c.id == "agent_a" and not w} == {0, 1, 2, 3}
+
+
+class RejectingCompletions(FakeCompletions):
+    """A server without the n-gram engine: 400 for `baseline: ngram`."""
+
+    def create(self, **kwargs: Any) -> Any:
+        if kwargs["extra_body"]["ooo_spec"].get("baseline") == "ngram":
+            exc = RuntimeError("bad request")
+            exc.status_code = 400  # type: ignore[attr-defined]
+            exc.body = {"message": "baseline 'ngram' is not deployed"}  # type: ignore[attr-defined]
+            raise exc
+        return super().create(**kwargs)
+
+
+def test_a_mode_refused_in_warm_up_stops_the_run_at_once() -> None:
+    records, stop = run_bench(fake_client(RejectingCompletions()), cases_q(5),
+                              parse_modes("plain,ngram"), RequestSettings(model="m"), warmup=1)
+    assert stop is not None and "rejected mode 'ngram'" in stop and "not deployed" in stop
+    assert [(r.mode, r.warmup) for r in records] == [("plain", True), ("ngram", True)]
+
+
+def report_response(report_: dict[str, Any], content: str | None = "done") -> Any:
+    message = SimpleNamespace(content=content, tool_calls=None)
+    return SimpleNamespace(choices=[SimpleNamespace(message=message, finish_reason="stop")],
+                           usage=SimpleNamespace(completion_tokens=7),
+                           model_extra={"ooo_spec": report_})
+
+
+def test_record_reads_commit_time_tools_and_baseline() -> None:
+    report_ = {
+        "enabled": True, "outcome": "hit", "baseline": None, "candidates": [],
+        "main": {"steps": 4, "completion_tokens": 30, "drafted_tokens": 20,
+                 "accepted_tokens": 26, "ttft_ms": 5.0, "decode_ms": 50.0},
+        "tool_results": [{"tool_call_id": "call_1", "name": "area", "content": "50",
+                          "speculative": True, "latency_ms": 500.0, "saved_ms": 420.0}],
+        "timings_ms": {"total": 900.0, "sidecar": 30.0, "main": 400.0, "tools": 80.0,
+                       "first_commit": 310.0},
+    }
+    record = bench.record_from_response(report_response(report_), agent_case(), "ooo+tools",
+                                        0, 950.0)
+    assert record.source == "agent" and record.correct is None  # no ground truth
+    assert (record.first_commit_ms, record.tools_ms) == (310.0, 80.0)
+    assert record.tool_results == [{"name": "area", "content": "50", "speculative": True,
+                                    "saved_ms": 420.0}]
+    assert record.output() == ("done", (), (("area", "50"),))
+    ngram = bench.record_from_response(
+        report_response({**report_, "baseline": "ngram", "tool_results": []}), make_case(),
+        "ngram", 1, 900.0)
+    assert ngram.baseline == "ngram" and ngram.source == "bfcl" and ngram.correct is False
+
+
+def test_identity_includes_what_the_tools_returned() -> None:
+    result = {"name": "area", "content": "50", "speculative": False, "saved_ms": 0.0}
+    records = [rec("a", "plain", tool_results=[result]),
+               rec("a", "ooo+tools", tool_results=[{**result, "speculative": True,
+                                                    "saved_ms": 300.0}]),
+               rec("a", "ooo", tool_results=[{**result, "content": "51"}])]
+    mark_identity(records)
+    # Pre-executed or not, the same result is the same output; a different one is not.
+    assert [r.identical_to_plain for r in records] == [True, True, False]
+
+
+def test_ratios_against_ngram_and_per_source_summaries() -> None:
+    records = []
+    for i, (plain, ngram, ooo) in enumerate([(40, 24, 8), (30, 20, 6), (50, 30, 10)]):
+        for mode, steps in (("plain", plain), ("ngram", ngram), ("ooo", ooo)):
+            records.append(rec(f"c{i}", mode, steps=steps, first_commit_ms=steps * 10.0))
+    records.append(rec("agent_a", "ooo+tools", source="agent", steps=5,
+                       tool_results=[{"name": "k", "content": "v", "speculative": True,
+                                      "saved_ms": 400.0}], tools_ms=20.0))
+    records.append(rec("agent_a", "plain", source="agent", steps=9,
+                       tool_results=[{"name": "k", "content": "v", "speculative": False,
+                                      "saved_ms": 0.0}], tools_ms=450.0))
+    mark_identity(records)
+    by_source = bench.summarize_by_source(records, parse_modes("plain,ngram,ooo,ooo+tools"))
+    assert list(by_source) == ["bfcl", "agent"]
+    bfcl = by_source["bfcl"]
+    assert list(bfcl["modes"]) == ["plain", "ngram", "ooo"]  # ooo+tools: not on BFCL
+    assert bfcl["vs_plain"]["ooo"]["steps_ratio"] == 5.0
+    assert bfcl["vs_ngram"]["ooo"]["steps_ratio"] == 3.0
+    assert bfcl["vs_ngram"]["plain"]["steps_ratio"] == pytest.approx(24 / 40)
+    assert bfcl["vs_plain"]["ooo"]["commit_ratio"] == 5.0
+    assert bfcl["modes"]["ooo"]["commit_ms_p50"] == 80.0
+    agent = by_source["agent"]
+    assert agent["modes"]["ngram"]["n"] == 0  # ran on neither: an empty column
+    tools = agent["modes"]["ooo+tools"]
+    assert tools["tool_results_pre_executed"] == 1.0 and tools["saved_ms_median"] == 400.0
+    assert tools["tools_ms_median"] == 20.0 and tools["identical_to_plain"] == 1.0
+    assert agent["modes"]["plain"]["tool_results_pre_executed"] == 0.0
+    text = report.format_summary(bfcl)
+    assert "vs ngram (ngram/mode, >1 = faster)" in text and "3.00x" in text
+    assert "committed tool call p50 ms" in text

@@ -1,0 +1,166 @@
+"""The n-gram baseline engine without a model: its config section, the service built for it,
+the bench config that deploys it, and how the chat service routes and reports a request that
+asks for it (plus the per-request `pre_execute` switch and `first_commit` timing)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from app.api.agent_loop import ToolPolicy
+from app.api.chat_service import ChatService
+from app.api.errors import ApiError
+from app.api.openai_models import ChatCompletionRequest
+from app.config import AppConfig, EngineConfig, load_config
+from app.engine.baselines import baseline_service
+from tests.unit.test_agent_loop import FakePool, Script, complete, final, lookup, request
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def app_args(name: str) -> dict[str, Any]:
+    with open(ROOT / "configs" / name) as f:
+        (application,) = yaml.safe_load(f)["applications"]
+    args: dict[str, Any] = application["args"]
+    return args
+
+
+# ---------------------------------------------------------------- config
+
+
+def test_ngram_section_defaults_off_and_builds_vllm_config() -> None:
+    config = AppConfig()
+    assert config.baselines.ngram.enabled is False
+    assert config.baselines.deployed() == []
+    ngram = load_config({"baselines": {"ngram": {"enabled": True, "prompt_lookup_max": 5}}})
+    assert ngram.baselines.deployed() == ["ngram"]
+    assert ngram.baselines.ngram.speculative_config() == {
+        "method": "ngram", "num_speculative_tokens": 16,
+        "prompt_lookup_min": 2, "prompt_lookup_max": 5,
+    }
+    # No core reserved by default: main and sidecar hold the two of the local box.
+    assert ngram.baselines.ngram.deployment.serve_options()["ray_actor_options"] == {
+        "num_cpus": 0}
+
+
+@pytest.mark.parametrize("section", [
+    {"prompt_lookup_min": 5, "prompt_lookup_max": 2},
+    {"num_speculative_tokens": 0},
+    {"method": "eagle"},
+])
+def test_ngram_section_rejects(section: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError):
+        load_config({"baselines": {"ngram": section}})
+
+
+def test_local_default_stays_light_and_bench_config_adds_only_the_ngram_engine() -> None:
+    local, bench = app_args("local.yaml"), app_args("bench.yaml")
+    assert load_config(local).baselines.deployed() == []
+    assert load_config(bench).baselines.deployed() == ["ngram"]
+    # Same server otherwise, so the bench's plain and ooo numbers are the local default's.
+    rest = copy.deepcopy(bench)
+    rest.pop("baselines")
+    assert rest == local, "configs/bench.yaml drifted from configs/local.yaml"
+    with open(ROOT / "configs" / "local.yaml") as f:
+        local_file = yaml.safe_load(f)
+    with open(ROOT / "configs" / "bench.yaml") as f:
+        bench_file = yaml.safe_load(f)
+    for key in ("proxy_location", "http_options"):
+        assert bench_file[key] == local_file[key]
+
+
+def test_baseline_service_uses_vllm_ngram_not_the_candidate_proposer() -> None:
+    config = load_config({"baselines": {"ngram": {"enabled": True}}})
+    service = baseline_service(config, "ngram")  # not started: no model is loaded
+    assert service.engine.speculation is None
+    assert service.engine.vllm_speculative == config.baselines.ngram.speculative_config()
+    assert service.engine.cfg == config.main.engine  # unset engine = the main one's settings
+    own = EngineConfig(max_model_len=1024)
+    config = load_config({"baselines": {"ngram": {"enabled": True,
+                                                  "engine": own.model_dump()}}})
+    service = baseline_service(config, "ngram")
+    # The service's context limit comes from the engine that really decodes.
+    assert service.engine.cfg == own and service.config.main.engine == own
+    with pytest.raises(ValueError, match="unknown baseline"):
+        baseline_service(config, "eagle")
+
+
+# ---------------------------------------------------------------- routing and reports
+
+
+def ngram_request(**options: Any) -> ChatCompletionRequest:
+    data = request().model_dump(exclude_none=True)
+    data["ooo_spec"] = {"baseline": "ngram", **options}
+    return ChatCompletionRequest.model_validate(data)
+
+
+def test_baseline_not_deployed_is_a_clear_400() -> None:
+    with pytest.raises(ApiError) as caught:
+        ChatService("m", True).check_options(ngram_request())
+    err = caught.value
+    assert err.status == 400 and err.param == "ooo_spec.baseline"
+    assert err.code == "baseline_not_deployed"
+    assert "baselines.ngram.enabled" in err.message
+    ChatService("m", True, baselines=["ngram"]).check_options(ngram_request())
+    ChatService("m", True).check_options(request())  # no baseline asked: nothing to check
+
+
+def test_unknown_baseline_is_rejected_by_the_request_model() -> None:
+    data = request().model_dump(exclude_none=True)
+    data["ooo_spec"] = {"baseline": "eagle"}
+    with pytest.raises(ValidationError):
+        ChatCompletionRequest.model_validate(data)
+
+
+async def test_baseline_request_runs_no_sidecar_and_says_which_engine_decoded() -> None:
+    pool = FakePool()
+    script = Script([final([lookup("a")])], predictions=[[lookup("a")]], decode_s=0.05)
+    service = ChatService("m", True, pool, baselines=["ngram"])
+    # `enabled` defaults to true; the baseline still wins: its engine has no proposer.
+    out = await complete(service, ngram_request(), script)
+    report = out["ooo_spec"]
+    assert script.sidecar_payloads == [] and pool.calls == []
+    assert report["enabled"] is False and report["outcome"] == "disabled"
+    assert report["baseline"] == "ngram"
+    # The payload the router routes by still names the baseline.
+    assert script.payloads[0]["ooo_spec"]["baseline"] == "ngram"
+    plain = await complete(ChatService("m", True, pool), request(),
+                           Script([final([lookup("a")])], decode_s=0.01))
+    assert plain["ooo_spec"]["baseline"] is None
+
+
+async def test_pre_execute_false_waits_for_the_commit_even_on_a_right_prediction() -> None:
+    pool = FakePool(lookup_s=0.05)
+    finals = [final([lookup("a")]), final([], content="done")]
+    data = request(execute_tools=True, max_steps=1).model_dump(exclude_none=True)
+    data["ooo_spec"]["pre_execute"] = False
+    req = ChatCompletionRequest.model_validate(data)
+    out = await complete(ChatService("m", True, pool, policy=ToolPolicy()), req,
+                         Script(finals, predictions=[[lookup("a")]], decode_s=0.2))
+    # The sidecar still ran (drafts), but the tool only ran once, after the commit.
+    assert pool.calls == [("lookup", {"key": "a"}, False)]
+    [result] = out["ooo_spec"]["tool_results"]
+    assert result["speculative"] is False and result["saved_ms"] == 0
+    # The same request with pre-execution on starts the tool from the prediction.
+    pool = FakePool(lookup_s=0.05)
+    out = await complete(ChatService("m", True, pool), request(execute_tools=True, max_steps=1),
+                         Script(finals, predictions=[[lookup("a")]], decode_s=0.2))
+    assert pool.calls == [("lookup", {"key": "a"}, True)]
+    assert out["ooo_spec"]["tool_results"][0]["speculative"] is True
+
+
+async def test_first_commit_is_the_first_turns_commit_not_the_end() -> None:
+    pool = FakePool(lookup_s=0.3)
+    finals = [final([lookup("a")]), final([], content="done")]
+    out = await complete(ChatService("m", False, pool), request(execute_tools=True, max_steps=1,
+                                                                 enabled=False),
+                         Script(finals, decode_s=0.1))
+    timings = out["ooo_spec"]["timings_ms"]
+    # Turn 1 commits after ~0.1 s; then the tool (0.3 s) and turn 2 (0.1 s) follow.
+    assert 80 <= timings["first_commit"] < 300
+    assert timings["total"] >= timings["first_commit"] + 350
