@@ -1,5 +1,5 @@
 # The two commands of the README: `make serve` and `make test`.
-.PHONY: setup model serve test lint
+.PHONY: setup model serve test lint bench loadtest
 
 VENV := .venv/bin
 
@@ -18,3 +18,17 @@ test: model
 lint: setup
 	@$(VENV)/ruff check app deployments tests load_tests
 	@$(VENV)/mypy app deployments
+
+# The README's Results table: plain, vLLM n-gram, ooo and ooo+tools on one server (started from
+# configs/bench.yaml and stopped at the end), interleaved; JSON + PNG under bench_out/.
+BENCH_PORT ?= 8124
+BENCH_LIMIT ?= 50
+BENCH_DATASET ?= bfcl:simple_python,multiple,agent
+bench: model
+	@$(VENV)/ooo-spec bench --start --config configs/bench.yaml --port $(BENCH_PORT) \
+		--dataset $(BENCH_DATASET) --modes plain,ngram,ooo,ooo+tools --limit $(BENCH_LIMIT)
+
+# Locust, headless: 16 users for 2 minutes against the local default (started if none answers
+# on LOADTEST_PORT); prints throughput, p50/p95/p99 and errors, fails on any error.
+loadtest: model
+	@bash load_tests/loadtest.sh

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from app.engine.embedded_model import ModelPrepareError
 
@@ -86,17 +87,26 @@ EXAMPLE = """curl -s {url}/v1/chat/completions -H 'Content-Type: application/jso
 
 
 def _serve(args: argparse.Namespace) -> int:
+    import signal
     import time
 
     from deployments import local
 
     config = local.load_serve_config(args.config)
+    if args.port is not None:
+        config.setdefault("http_options", {})["port"] = args.port
     started = time.monotonic()
     _to_stderr(f"ooo-spec: starting local Ray and deploying {args.config} ...")
     url = local.start(config)
     _to_stderr(f"ooo-spec: ready in {time.monotonic() - started:.0f} s at {url}/v1")
     _to_stderr("Try:\n" + EXAMPLE.format(url=url))
     _to_stderr("Ctrl-C stops the server.")
+
+    def _terminate(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    # SIGTERM (a supervisor, `make loadtest`) stops as cleanly as Ctrl-C: Serve, then Ray.
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         while True:
             time.sleep(3600)
@@ -114,6 +124,8 @@ def add_serve_command(subparsers: Subparsers) -> None:
     )
     serve.add_argument("--config", default="configs/local.yaml",
                        help="Ray Serve config file (default: configs/local.yaml)")
+    serve.add_argument("--port", type=int, default=None,
+                       help="HTTP port instead of the config's http_options.port")
     serve.set_defaults(func=_serve)
 
 

@@ -20,6 +20,9 @@ def serve_config() -> dict:
     config["http_options"] = {**config.get("http_options", {}), "port": TEST_PORT}
     # Inert until a test arms a fault through a Ray handle (tests/e2e/test_faults.py).
     config["applications"][0]["args"]["faults"] = {"enabled": True}
+    # The n-gram baseline engine, for the lossless check of `ooo_spec.baseline`
+    # (tests/e2e/test_ngram_baseline.py); local.yaml keeps it off so `make serve` stays light.
+    config["applications"][0]["args"]["baselines"] = {"ngram": {"enabled": True}}
     return config
 
 
