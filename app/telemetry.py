@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import socket
 import threading
 from collections import deque
@@ -47,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from opentelemetry import trace
 from opentelemetry.context import Context
+from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -137,12 +139,26 @@ def setup_tracing(component: str) -> bool:
             resource = resource.merge(Resource({SERVICE_NAME: DEFAULT_SERVICE_NAME}))
         # No sampler argument: the SDK reads OTEL_TRACES_SAMPLER (default parentbased_always_on,
         # so replicas follow the router's decision carried in `traceparent`).
-        provider = TracerProvider(resource=resource)
+        provider = TracerProvider(resource=resource, id_generator=SystemRandomIdGenerator())
         # The exporters read endpoint, headers, timeout and compression from the environment;
         # BatchSpanProcessor reads OTEL_BSP_SCHEDULE_DELAY and friends.
         provider.add_span_processor(BatchSpanProcessor(_exporter(settings.protocol)))
         _install(provider)
         return True
+
+
+class SystemRandomIdGenerator(IdGenerator):
+    """Trace and span ids from the OS's randomness. The SDK's default draws from the global
+    `random` module, which vLLM (and other libraries) seed with a fixed value in every process,
+    so replicas would hand out the same span ids (seen: the same id in router and main)."""
+
+    _random = random.SystemRandom()
+
+    def generate_span_id(self) -> int:
+        return self._random.getrandbits(64) or 1
+
+    def generate_trace_id(self) -> int:
+        return self._random.getrandbits(128) or 1
 
 
 def _exporter(protocol: ExportProtocol) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from collections.abc import Iterator
 from typing import Any
 
@@ -332,3 +333,14 @@ def test_metric_catalogue_is_consistent() -> None:
             assert metric.boundaries[0] > 0
         else:
             assert metric.boundaries == ()
+
+
+def test_ids_do_not_repeat_when_libraries_seed_the_random_module() -> None:
+    """vLLM seeds `random` with the same value in every engine process; span ids must still
+    differ between processes (the SDK's default generator would repeat them)."""
+    generator = telemetry.SystemRandomIdGenerator()
+    ids = set()
+    for _ in range(3):
+        random.seed(0)
+        ids.add((generator.generate_span_id(), generator.generate_trace_id()))
+    assert len(ids) == 3
