@@ -97,7 +97,7 @@ def _serve(args: argparse.Namespace) -> int:
         config.setdefault("http_options", {})["port"] = args.port
     started = time.monotonic()
     _to_stderr(f"ooo-spec: starting local Ray and deploying {args.config} ...")
-    url = local.start(config)
+    url = local.start(config, metrics_export_port=args.metrics_port)
     _to_stderr(f"ooo-spec: ready in {time.monotonic() - started:.0f} s at {url}/v1")
     _to_stderr("Try:\n" + EXAMPLE.format(url=url))
     _to_stderr("Ctrl-C stops the server.")
@@ -124,6 +124,9 @@ def add_serve_command(subparsers: Subparsers) -> None:
     )
     serve.add_argument("--config", default="configs/local.yaml",
                        help="Ray Serve config file (default: configs/local.yaml)")
+    serve.add_argument("--metrics-port", type=int, default=None,
+                       help="port of Ray's Prometheus endpoint with the ray_ooo_spec_* metrics "
+                       "(default: a free port Ray picks)")
     serve.add_argument("--port", type=int, default=None,
                        help="HTTP port instead of the config's http_options.port")
     serve.set_defaults(func=_serve)
