@@ -106,6 +106,21 @@ class EngineConfig(_Strict):
     )
 
 
+class HistoryConfig(_Strict):
+    """Past committed calls offered as candidates at time zero (app/engine/history.py)."""
+
+    enabled: bool = True
+    max_entries: int = Field(256, ge=1, description="Calls kept per main replica (memory only).")
+    min_similarity: float = Field(
+        0.6, ge=0, le=1,
+        description="Jaccard similarity of the last user message's words to a past one.",
+    )
+    private_tools: list[str] = Field(
+        default_factory=list,
+        description="Tools whose calls are never kept (their arguments may be personal data).",
+    )
+
+
 class SpeculationConfig(_Strict):
     num_speculative_tokens: int = Field(16, ge=1, le=64)
     prompt_lookup_fallback: bool = Field(
@@ -126,6 +141,7 @@ class SpeculationConfig(_Strict):
         description="How long the router waits for the sidecar call to reach a replica (all "
         "busy, or one restarting) before the main model decodes without it (sidecar_error).",
     )
+    history: HistoryConfig = Field(default_factory=lambda: HistoryConfig())
 
 
 class SidecarConfig(_Strict):

@@ -83,6 +83,15 @@ class OooSpecOptions(_Wire):
     # Decode on a comparison engine (vLLM's own n-gram speculation) instead of the main model;
     # no sidecar runs. A 400 when that engine is not deployed.
     baseline: Literal["ngram"] | None = None
+    # Benchmarks only: `realign: false` drafts a candidate only while the output is a prefix of
+    # it (what re-alignment after a divergence is worth); `await_prediction: true` waits for
+    # the sidecar's prediction even when it came too late to draft from, and reports it as
+    # `ooo_spec.prediction` (its agreement with the committed call), at the cost of latency.
+    realign: bool = True
+    await_prediction: bool = False
+    # Past committed calls as candidates, and this request's call kept for later ones. Off for
+    # benchmarks that send the same question in several modes (it would answer itself).
+    history: bool = True
 
 
 class ChatCompletionRequest(_Wire):
@@ -197,6 +206,16 @@ class TimingsReport(BaseModel):
     first_commit: float = 0.0
 
 
+class PredictionReport(BaseModel):
+    """The sidecar's first candidate as it arrived (only with `await_prediction: true`)."""
+
+    ready_ms: float  # from the fan-out to its arrival at the router
+    elapsed_ms: float = 0.0  # inside the sidecar
+    calls: list[dict[str, Any]] = Field(default_factory=list)
+    no_call: bool = False
+    error: str | None = None
+
+
 class OooSpecReport(BaseModel):
     enabled: bool
     outcome: Outcome
@@ -204,4 +223,5 @@ class OooSpecReport(BaseModel):
     candidates: list[CandidateReport] = Field(default_factory=list)
     main: MainReport = Field(default_factory=MainReport)
     tool_results: list[ToolResultReport] = Field(default_factory=list)
+    predictions: list[PredictionReport] = Field(default_factory=list)
     timings_ms: TimingsReport = Field(default_factory=TimingsReport)

@@ -20,6 +20,7 @@ from app import telemetry
 from app.api.errors import ApiError
 from app.api.openai_models import CandidateReport, ChatCompletionRequest
 from app.config import AppConfig
+from app.engine.history import InvocationHistory, request_text
 from app.engine.tool_format import (
     ParsedCall,
     ParsedOutput,
@@ -32,7 +33,7 @@ from app.engine.tool_format import (
     render_free,
 )
 from app.engine.vllm_engine import GenerationTally, VllmEngine
-from app.spec.prediction import Prediction
+from app.spec.prediction import PredictedCall, Prediction
 from app.spec.validation import validate_arguments
 
 
@@ -63,6 +64,11 @@ class MainModelService:
         n-gram baseline, see app/engine/baselines.py)."""
         self.config = config
         self.engine = engine or VllmEngine(config.main.engine, config.speculation)
+        history = config.speculation.history
+        self.history: InvocationHistory | None = (
+            InvocationHistory(history.max_entries, history.min_similarity, history.private_tools)
+            if history.enabled else None
+        )
 
     def start(self) -> None:
         self.engine.start()
@@ -173,6 +179,24 @@ class MainModelService:
                 rendered.extend(self.render_candidate(prepared, calls))
         return intake, rendered
 
+    def uses_history(self, prepared: PreparedRequest) -> bool:
+        return (self.history is not None and prepared.request.ooo_spec.history
+                and self.engine.speculation is not None)
+
+    def history_candidates(
+        self, prepared: PreparedRequest, started: float
+    ) -> tuple[list[CandidateReport], list[str]]:
+        """Past calls for a similar request, validated against today's schemas and rendered."""
+        assert self.history is not None
+        names = {t["function"]["name"] for t in prepared.tools}
+        found = self.history.candidates(request_text(prepared.request.message_dicts()), names)
+        if not found:
+            return [], []
+        intake, rendered = self.intake(
+            prepared, Prediction(source="history", candidates=found), started
+        )
+        return intake.reports, rendered
+
     # ----- generation ---------------------------------------------------------------------
     async def run(
         self,
@@ -216,6 +240,10 @@ class MainModelService:
             if pending_render:
                 self.engine.store.add_candidates(request_id, pending_render)
 
+        history_reports: list[CandidateReport] = []
+        if prepared.speculate and self.uses_history(prepared):
+            history_reports, rendered = self.history_candidates(prepared, started)
+            pending_render.extend(rendered)
         if prepared.speculate and self.config.speculation.schema_drafts:
             pending_render.extend(self.schema_candidates(prepared))
         receiver = asyncio.ensure_future(receive()) if candidates is not None else None
@@ -236,6 +264,12 @@ class MainModelService:
         result = tally.result()
         drafted = result.speculation.drafted_tokens if result.speculation else 0
         parsed = self.parse(prepared, result.text)
+        if parsed.calls and result.finish_reason != "length" and self.uses_history(prepared):
+            assert self.history is not None
+            self.history.record(
+                request_text(prepared.request.message_dicts()),
+                [PredictedCall(name=c.name, arguments=c.arguments) for c in parsed.calls],
+            )
         yield {
             "type": "final",
             "text": result.text,
@@ -253,7 +287,7 @@ class MainModelService:
                 "ttft_ms": result.ttft_ms,
                 "decode_ms": result.decode_ms,
             },
-            "candidates": [r.model_dump() for r in intake.reports],
+            "candidates": [r.model_dump() for r in history_reports + intake.reports],
             "sidecar": {
                 "status": intake.status,
                 "error": intake.error,

@@ -1,8 +1,9 @@
 """The sidecar: predicts the tool invocation with a small model, beside the main model.
 
 Two modes (config `sidecar.mode`):
-- `slots` (default, forced calls): pick the tool, then fill every required argument slot in
-  parallel (see `slot_filling.py`) — ready in a fraction of the main model's decode time;
+- `slots` (default, forced calls): fill every argument slot in parallel (see
+  `slot_filling.py`), then verify the call they make in one drafted pass — ready in a fraction
+  of the main model's decode time;
 - `whole`: one generation of the whole invocation constrained to the union over the request's
   tools (plus "no call" when the model may answer without a call); also used for `auto` and for
   parallel calls, which slot filling does not predict.
@@ -19,7 +20,13 @@ from typing import Any
 from app.api.openai_models import ChatCompletionRequest
 from app.config import AppConfig
 from app.engine import slot_filling
-from app.engine.tool_format import prepare_messages
+from app.engine.tool_format import (
+    ParsedCall,
+    forced_output_schema,
+    parse_forced,
+    prepare_messages,
+    render_forced_variants,
+)
 from app.engine.vllm_engine import VllmEngine
 from app.spec.prediction import PredictedCall, Prediction
 from app.spec.tool_union import NO_CALL_NAME, invocation_union_schema
@@ -28,7 +35,8 @@ from app.spec.tool_union import NO_CALL_NAME, invocation_union_schema
 class SidecarService:
     def __init__(self, config: AppConfig) -> None:
         self.config = config
-        self.engine = VllmEngine(config.sidecar.engine, None)
+        # With the candidate proposer: the verifying pass over a call is drafted from its slots.
+        self.engine = VllmEngine(config.sidecar.engine, config.speculation)
 
     def start(self) -> None:
         self.engine.start()
@@ -57,47 +65,104 @@ class SidecarService:
     async def predict_slots(
         self, request: ChatCompletionRequest, mode: str
     ) -> list[PredictedCall]:
-        """Tool first, then all required argument slots at once; [] if a slot failed."""
+        """Every argument slot at once (of every tool, when they fit in one batch), then one
+        verifying pass over the whole call drafted from them; [] when nothing came of it."""
         # The prompt shows every tool of the request, as the main model's prompt does.
         prompt = self.prompt(request, request.tool_dicts())
         tools = {t.function.name: t.function.parameters for t in request.tools or []}
+        names = [request.named_tool] if mode == "named" and request.named_tool else list(tools)
+        # Prefill the shared prompt once so every request below finds it in the prefix cache;
+        # submitted together without this, every slot would prefill it on its own.
+        await self.engine.generate(prompt, {"max_tokens": 1, "temperature": 0.0})
+        total = sum(len(slot_filling.slots(tools[n])) for n in names)
+        if len(names) > 1 and total >= self.config.sidecar.engine.max_num_seqs:
+            # Too many slots for one batch: settle the tool first (one pass or two).
+            options = [f'{n}"' for n in names]
+            names = [names[await self.choose(prompt, slot_filling.name_prefix(mode), options)]]
+        keys = [(n, k) for n in names for k in slot_filling.slots(tools[n])]
+        values = await asyncio.gather(
+            *(self.fill(prompt, mode, n, tools[n], k) for n, k in keys), return_exceptions=True
+        )
+        filled = {key: v for key, v in zip(keys, values, strict=True)
+                  if not isinstance(v, BaseException)}
+        drafts = slot_filling.draft_calls(names, tools, filled)
+        if not drafts:
+            return []
+        verified = await self.verify(prompt, request, mode, names, drafts)
+        return verified or drafts[:1]
+
+    async def fill(
+        self, prompt: list[int], mode: str, name: str, parameters: dict[str, Any], key: str
+    ) -> Any:
+        """One argument's value, generated under that argument's own grammar."""
         encode = self.engine.tokenizer.encode
-        if mode == "named" and request.named_tool:
-            name = request.named_tool
-        elif len(tools) == 1:
-            name = next(iter(tools))
-            # Prefill the shared prompt once so the slots below find it in the prefix cache;
-            # submitted together without this, every slot would prefill it on its own.
-            await self.engine.generate(prompt, {"max_tokens": 1, "temperature": 0.0})
+        tail = encode(slot_filling.slot_prefix(mode, name, key), add_special_tokens=False)
+        sampling: dict[str, Any] = {
+            "max_tokens": self.config.sidecar.slot_max_tokens, "temperature": 0.0
+        }
+        regex = slot_filling.slot_regex(parameters, key)
+        if regex is not None:
+            sampling["structured_regex"] = regex
         else:
-            head = prompt + encode(slot_filling.name_prefix(mode), add_special_tokens=False)
-            # Also the prefill of the shared prompt that the slots then take from the cache.
-            choice = await self.engine.generate(
-                head, {"max_tokens": 32, "temperature": 0.0,
-                       "structured_choice": list(tools)}
+            sampling["structured_json"] = slot_filling.slot_schema(parameters, key)
+        result = await self.engine.generate(prompt + tail, sampling)
+        return slot_filling.parse_slot_value(result.text)
+
+    async def verify(
+        self,
+        prompt: list[int],
+        request: ChatCompletionRequest,
+        mode: str,
+        names: list[str],
+        drafts: list[PredictedCall],
+    ) -> list[PredictedCall]:
+        """The sidecar model's own greedy call among `names`, drafted from the slot values the
+        way the main model is drafted: where a value depends on the others (the second of two
+        numbers, a sign) or an optional key comes or not, the verifying pass writes its own
+        and picks the draft up again at the next key. A right draft takes a few passes."""
+        offered = [t for t in request.tool_dicts() if t["function"]["name"] in names]
+        named = request.named_tool if mode == "named" else None
+        texts: list[str] = []
+        for draft in drafts:
+            texts += render_forced_variants(
+                [ParsedCall(draft.name, dict(draft.arguments))], offered, named
             )
-            name = choice.text.strip()
-            if name not in tools:
-                return []
-        parameters = tools[name]
-        keys = slot_filling.slots(parameters)
-        budget = self.config.sidecar.slot_max_tokens
+        sampling = {
+            "max_tokens": self.config.sidecar.max_tokens,
+            "temperature": 0.0,
+            "structured_json": forced_output_schema(offered, named),
+        }
 
-        async def fill(key: str) -> Any:
-            tail = encode(slot_filling.slot_prefix(mode, name, key), add_special_tokens=False)
-            sampling: dict[str, Any] = {"max_tokens": budget, "temperature": 0.0}
-            regex = slot_filling.slot_regex(parameters, key)
-            if regex is not None:
-                sampling["structured_regex"] = regex
-            else:
-                sampling["structured_json"] = slot_filling.slot_schema(parameters, key)
-            result = await self.engine.generate(prompt + tail, sampling)
-            return slot_filling.parse_slot_value(result.text)
+        def give(request_id: str) -> None:
+            self.engine.store.add_candidates(request_id, texts)
 
-        values = await asyncio.gather(*(fill(k) for k in keys), return_exceptions=True)
-        if any(isinstance(v, BaseException) for v in values):
-            return []  # a value cut short by its budget: no candidate beats a broken one
-        return [PredictedCall(name=name, arguments=dict(zip(keys, values, strict=True)))]
+        result = await self.engine.generate(prompt, sampling, speculate=True, on_start=give)
+        if result.finish_reason == "length":
+            return []
+        try:
+            calls = parse_forced(result.text, named).calls
+        except (json.JSONDecodeError, KeyError, TypeError):
+            return []
+        return [PredictedCall(name=c.name, arguments=c.arguments) for c in calls]
+
+    async def choose(self, prompt: list[int], prefix: str, options: list[str]) -> int:
+        """Which continuation of `prefix` the model takes, greedily: at each token where the
+        remaining options part, the one whose token is likeliest (one forward pass each)."""
+        encode = self.engine.tokenizer.encode
+        sequences = [encode(prefix + option, add_special_tokens=False) for option in options]
+        alive = list(range(len(options)))
+        while len(alive) > 1:
+            depth = slot_filling.common_prefix_len([sequences[i] for i in alive])
+            ended = [i for i in alive if len(sequences[i]) == depth]
+            if ended:
+                return ended[0]  # an option that is a prefix of another: take the shorter
+            branch = sorted({sequences[i][depth] for i in alive})
+            scores = await self.engine.next_token_logprobs(
+                prompt + sequences[alive[0]][:depth], branch
+            )
+            best = max(branch, key=lambda t: scores[t])
+            alive = [i for i in alive if sequences[i][depth] == best]
+        return alive[0]
 
     async def predict_whole(
         self, request: ChatCompletionRequest, mode: str, started: float

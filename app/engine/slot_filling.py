@@ -1,11 +1,13 @@
 """Parallel slot filling: the fast sidecar's plan for one request.
 
 Instead of writing the whole invocation (as slow as the main model when both are small), the
-sidecar first picks the tool (one constrained choice among the names, skipped when only one
-tool can be called), then predicts every required argument as its own short generation, all
-submitted together so the engine batches them and shares the prompt prefix. Each slot's prompt
-continues the invocation in the main model's own style, and each slot ends by its own grammar
-(the JSON value of that argument), so no slot rambles.
+sidecar predicts every argument as its own short generation, all submitted together so the
+engine batches them and shares the prompt prefix. Each slot's prompt continues the invocation
+in the main model's own style, and each slot ends by its own grammar (the JSON value of that
+argument), so no slot rambles. The calls the slots make (`draft_calls`) then draft one
+verifying pass of the whole call, which fixes the values that depend on each other and keeps
+the optional keys the model writes. When there are too many slots for one batch, the tool is
+chosen first by scoring the names where they part (`common_prefix_len`), one pass each.
 
 Pure: builds prompts' text tails and schemas, assembles the answer; the engine lives elsewhere.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from app.spec.prediction import PredictedCall
 from app.spec.tool_union import grammar_safe_schema
 
 INDENT = "    "
@@ -33,11 +36,47 @@ def slot_prefix(mode: str, tool_name: str, key: str) -> str:
     )
 
 
-def slots(parameters: dict[str, Any]) -> list[str]:
-    """Argument slots to predict: the required ones, in schema order."""
+def slots(parameters: dict[str, Any], optional: bool = True) -> list[str]:
+    """Argument slots to predict, in schema order: every property (optional ones too: their
+    values are filled beside the required ones; whether the model writes them is left to the
+    verifying pass), or only the required ones."""
     properties = parameters.get("properties") or {}
     required = set(parameters.get("required") or [])
-    return [key for key in properties if key in required]
+    return [key for key in properties if optional or key in required]
+
+
+def draft_calls(
+    names: list[str],
+    tools: dict[str, dict[str, Any]],
+    filled: dict[tuple[str, str], Any],
+) -> list[PredictedCall]:
+    """The calls the filled slots make, per tool: every filled key (optional ones included),
+    then the required keys alone when there are optional ones; a tool with a required slot
+    left unfilled (cut short by its budget) gives none. Drafts, not answers: the verifying
+    pass keeps the optional keys the model does write."""
+    drafts: list[PredictedCall] = []
+    for name in names:
+        parameters = tools[name] or {}
+        required = set(parameters.get("required") or [])
+        arguments = {k: filled[(name, k)] for k in slots(parameters) if (name, k) in filled}
+        if not required <= set(arguments):
+            continue
+        drafts.append(PredictedCall(name=name, arguments=arguments))
+        bare = {k: v for k, v in arguments.items() if k in required}
+        if bare != arguments:
+            drafts.append(PredictedCall(name=name, arguments=bare))
+    return drafts
+
+
+def common_prefix_len(sequences: list[list[int]]) -> int:
+    """Length of the token prefix all `sequences` share."""
+    if not sequences:
+        return 0
+    size = min(len(s) for s in sequences)
+    for i in range(size):
+        if any(s[i] != sequences[0][i] for s in sequences[1:]):
+            return i
+    return size
 
 
 # A JSON number never ends by its own grammar (one more digit is always allowed), and a small

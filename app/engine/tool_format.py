@@ -140,6 +140,7 @@ def forced_output_schema(
 STYLES: tuple[dict[str, Any], ...] = (
     {"indent": 4},
     {"indent": 2},
+    {"indent": 0},  # one key per line, flush left
     {},  # one line, ", " and ": "
 )
 

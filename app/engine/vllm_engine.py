@@ -110,6 +110,11 @@ class EngineError(RuntimeError):
     pass
 
 
+class RequestRejected(ValueError):
+    """The engine refused the request itself (vLLM's client errors, e.g. a JSON schema it
+    cannot compile into a grammar): the request's fault, not the server's."""
+
+
 def _set_engine_env(cfg: EngineConfig) -> None:
     # Read by vLLM at import/engine-build time, so they must be set before either.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -361,7 +366,14 @@ class VllmEngine:
             self._commands.put(
                 ("add", (external_id, prompt_token_ids, params, reply_and_register))
             )
-            internal_id = await added
+            try:
+                internal_id = await added
+            except Exception as exc:
+                from vllm.exceptions import VLLMClientError
+
+                if isinstance(exc, VLLMClientError | ValueError):
+                    raise RequestRejected(str(exc)) from exc
+                raise
             if on_start is not None:
                 on_start(internal_id)
             while True:

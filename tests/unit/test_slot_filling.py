@@ -1,0 +1,44 @@
+from app.engine import slot_filling as sf
+
+PARAMS = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string"},
+        "unit": {"type": "string", "enum": ["c", "f"]},
+        "days": {"type": "integer"},
+        "detail": {"type": "boolean"},
+    },
+    "required": ["city", "days"],
+}
+
+
+def test_slots_all_or_required_in_schema_order() -> None:
+    assert sf.slots(PARAMS) == ["city", "unit", "days", "detail"]
+    assert sf.slots(PARAMS, optional=False) == ["city", "days"]
+
+
+def test_draft_calls_with_and_without_optional_keys() -> None:
+    tools = {"weather": PARAMS, "noop": {"type": "object", "properties": {}}}
+    filled = {("weather", "city"): "Paris", ("weather", "days"): 3, ("weather", "unit"): "c"}
+    drafts = sf.draft_calls(["weather", "noop"], tools, filled)
+    assert [(d.name, d.arguments) for d in drafts] == [
+        ("weather", {"city": "Paris", "unit": "c", "days": 3}),
+        ("weather", {"city": "Paris", "days": 3}),
+        ("noop", {}),
+    ]
+    # A required slot that failed: no draft for that tool.
+    assert sf.draft_calls(["weather"], tools, {("weather", "city"): "Paris"}) == []
+
+
+def test_common_prefix_len() -> None:
+    assert sf.common_prefix_len([[1, 2, 3], [1, 2, 4], [1, 2]]) == 2
+    assert sf.common_prefix_len([[5], [6]]) == 0
+    assert sf.common_prefix_len([[1, 2]]) == 2
+    assert sf.common_prefix_len([]) == 0
+
+
+def test_numeric_slots_end_at_the_separator() -> None:
+    assert sf.slot_regex(PARAMS, "days") is not None
+    assert sf.slot_regex(PARAMS, "city") is None
+    assert sf.parse_slot_value("42,") == 42
+    assert sf.parse_slot_value('"Paris"') == "Paris"
