@@ -317,9 +317,15 @@ def turn_attributes(
     }
 
 
+def prediction_status(prediction: Prediction) -> str:
+    """'ok', 'no_call' or 'error' ('cancelled' is the sidecar call's, when the router stops
+    waiting: the main model finished first)."""
+    return "error" if prediction.error else "no_call" if prediction.no_call else "ok"
+
+
 def prediction_attributes(prediction: Prediction, record_content: bool) -> dict[str, Any]:
     """`sidecar.predict`."""
-    status = "error" if prediction.error else "no_call" if prediction.no_call else "ok"
+    status = prediction_status(prediction)
     names = sorted({c.name for group in prediction.candidates for c in group})
     out: dict[str, Any] = {
         "ooo_spec.sidecar.status": status,
@@ -452,7 +458,8 @@ MAIN_STEPS = MetricSpec(
 )
 SIDECAR_LATENCY = MetricSpec(
     "ooo_spec_sidecar_latency_ms", "histogram",
-    "Time the sidecar took for one prediction, by status (ok, no_call, error).",
+    "Time the sidecar took for one prediction, by status (ok, no_call, error; cancelled: the "
+    "time until the router stopped waiting because the main model had finished).",
     ("status",), MS_BUCKETS,
 )
 TOOL_LATENCY = MetricSpec(
@@ -556,9 +563,8 @@ def main_measurements(final: Mapping[str, Any], speculative: bool) -> list[Measu
     ]
 
 
-def sidecar_measurements(prediction: Prediction) -> list[Measurement]:
-    status = "error" if prediction.error else "no_call" if prediction.no_call else "ok"
-    return [Measurement(SIDECAR_LATENCY, prediction.elapsed_ms, {"status": status})]
+def sidecar_measurements(status: str, elapsed_ms: float) -> list[Measurement]:
+    return [Measurement(SIDECAR_LATENCY, elapsed_ms, {"status": status})]
 
 
 def tool_measurements(name: str, speculative: bool, latency_ms: float) -> list[Measurement]:

@@ -6,6 +6,7 @@ config enables fault injection (app/faults.py)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from ray import serve
@@ -32,8 +33,17 @@ class Sidecar:
 
     async def predict(self, payload: dict[str, Any]) -> dict[str, Any]:
         parent = telemetry.extract(payload.pop(telemetry.CARRIER_KEY, None))
+        started = time.perf_counter()
         with telemetry.span("sidecar.predict", parent) as span:
-            result = await self._predict(payload)
+            try:
+                result = await self._predict(payload)
+            except asyncio.CancelledError:  # the main model finished first: nobody waits
+                elapsed = (time.perf_counter() - started) * 1000
+                telemetry.set_attributes(span, {"ooo_spec.sidecar.status": "cancelled",
+                                                "ooo_spec.sidecar.elapsed_ms": elapsed})
+                telemetry.record_all(self.metrics,
+                                     telemetry.sidecar_measurements("cancelled", elapsed))
+                raise
             try:
                 prediction = Prediction.model_validate(result)
             except ValueError:  # a garbage answer (fault injection): nothing to measure
@@ -41,7 +51,8 @@ class Sidecar:
             telemetry.set_attributes(
                 span, telemetry.prediction_attributes(prediction, self.record_content)
             )
-        telemetry.record_all(self.metrics, telemetry.sidecar_measurements(prediction))
+        telemetry.record_all(self.metrics, telemetry.sidecar_measurements(
+            telemetry.prediction_status(prediction), prediction.elapsed_ms))
         return result
 
     async def _predict(self, payload: dict[str, Any]) -> dict[str, Any]:

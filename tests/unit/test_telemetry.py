@@ -317,8 +317,11 @@ def test_request_main_sidecar_and_tool_measurements() -> None:
         ("ooo_spec_main_steps", 3), ("ooo_spec_drafted_tokens", 4),
         ("ooo_spec_accepted_tokens", 2)}
     assert all(m.tags == {"speculative": "true"} for m in main)
-    [sidecar] = telemetry.sidecar_measurements(Prediction(error="boom", elapsed_ms=12.0))
+    failed = Prediction(error="boom", elapsed_ms=12.0)
+    [sidecar] = telemetry.sidecar_measurements(telemetry.prediction_status(failed), 12.0)
     assert (sidecar.value, sidecar.tags) == (12.0, {"status": "error"})
+    assert telemetry.prediction_status(Prediction(no_call=True)) == "no_call"
+    assert telemetry.prediction_status(Prediction()) == "ok"
     [tool] = telemetry.tool_measurements("lookup", False, 500.0)
     assert tool.tags == {"tool": "lookup", "speculative": "false"}
 
