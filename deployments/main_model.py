@@ -18,6 +18,7 @@ from app.api.openai_models import ChatCompletionRequest
 from app.config import load_config
 from app.engine.baselines import baseline_service
 from app.engine.main_model import MainModelService
+from app.engine.vllm_engine import RequestRejected
 from app.spec.prediction import Prediction
 from deployments.metrics import ServeMetrics
 
@@ -62,15 +63,21 @@ class MainModel:
                    "param": err.param, "code": err.code}
             return
         candidates = _prediction(candidate_refs[0]) if candidate_refs else None
-        async for event in self.service.run(prepared, candidates, telemetry.context_of(span)):
-            if event.get("type") == "final":
-                telemetry.set_attributes(
-                    span, telemetry.main_attributes(event, self.record_content)
-                )
-                telemetry.record_all(
-                    self.metrics, telemetry.main_measurements(event, prepared.speculate)
-                )
-            yield event
+        try:
+            async for event in self.service.run(prepared, candidates,
+                                                telemetry.context_of(span)):
+                if event.get("type") == "final":
+                    telemetry.set_attributes(
+                        span, telemetry.main_attributes(event, self.record_content)
+                    )
+                    telemetry.record_all(
+                        self.metrics, telemetry.main_measurements(event, prepared.speculate)
+                    )
+                yield event
+        except RequestRejected as err:  # raised at the engine's add, before any event
+            yield {"type": "error", "status": 400, "param": None, "code": "rejected_by_engine",
+                   "message": "the engine rejected the request (with a forced tool call, "
+                   f"usually a tool schema it cannot turn into a grammar): {err}"}
 
     def engine_counters(self) -> dict[str, int]:
         return self.service.engine.counters()
