@@ -1,5 +1,5 @@
 # The two commands of the README: `make serve` and `make test`.
-.PHONY: setup model serve test lint bench loadtest
+.PHONY: setup model serve test lint bench loadtest soak
 
 VENV := .venv/bin
 
@@ -32,3 +32,13 @@ bench: model
 # on LOADTEST_PORT); prints throughput, p50/p95/p99 and errors, fails on any error.
 loadtest: model
 	@bash load_tests/loadtest.sh
+
+# Bounded soak: 16 clients, good and bad requests mixed, 5 minutes against the local default
+# (started on SOAK_PORT, stopped at the end). Fails on a good request not answered 200, a bad
+# one not answered with its 4xx, a replica's RSS growing past the bound, or engine requests
+# left open; the summary also lands in bench_out/soak.json.
+SOAK_PORT ?= 8125
+SOAK_DURATION ?= 300
+soak: model
+	@$(VENV)/python -m load_tests.soak --start --config configs/local.yaml --port $(SOAK_PORT) \
+		--duration $(SOAK_DURATION) --json bench_out/soak.json

@@ -64,6 +64,12 @@ async def _not_found(request: Request, _: Exception) -> JSONResponse:
                         status_code=404)
 
 
+@api.exception_handler(405)
+async def _wrong_method(request: Request, _: Exception) -> JSONResponse:
+    return JSONResponse(error_body(405, f"{request.method} is not allowed on "
+                                   f"{request.url.path}"), status_code=405)
+
+
 class PoolTools:
     """The ToolWorker pool behind `app.api.agent_loop.ToolAccess`.
 
