@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 
-from app.config import EngineConfig, SpeculationConfig
+from app.api.openai_models import ChatCompletionRequest
+from app.config import AppConfig, EngineConfig, SpeculationConfig
+from app.engine.main_model import MainModelService
 from app.engine.tool_format import (
     ParsedCall,
     forced_output_schema,
@@ -80,6 +82,7 @@ async def _run(
     speculate: bool,
     candidates: list[str],
     after_steps: int = 0,
+    realign: bool = True,
 ) -> tuple[list[int], int]:
     """Generate; hand `candidates` to the store once `after_steps` passes have produced."""
     tokens: list[int] = []
@@ -98,7 +101,7 @@ async def _run(
         if after_steps == 0:
             give()
 
-    async for delta in engine.stream(prompt, sampling, speculate, started):
+    async for delta in engine.stream(prompt, sampling, speculate, started, realign=realign):
         if delta.token_ids:
             steps += 1
             tokens.extend(delta.token_ids)
@@ -135,17 +138,19 @@ async def test_forced_calls_are_token_identical(engine: VllmEngine, text: str) -
     def render(calls: list[ParsedCall]) -> list[str]:
         return render_forced_variants(calls, TOOLS, None)
 
-    scenarios: dict[str, tuple[list[str], int]] = {
-        "right": (render(right), 0),
-        "wrong tool": (render([_wrong_tool(right[0])]), 0),
-        "wrong argument": (render([_wrong_argument(right[0])]), 0),
-        "right, arrives mid-call": (render(right), max(1, plain_steps // 3)),
-        "wrong then right": (render([_wrong_argument(right[0])]) + render(right), 0),
-        "no candidate": ([], 0),
+    # (candidates, given after this many passes, re-alignment after a divergence on)
+    scenarios: dict[str, tuple[list[str], int, bool]] = {
+        "right": (render(right), 0, True),
+        "wrong tool": (render([_wrong_tool(right[0])]), 0, True),
+        "wrong argument": (render([_wrong_argument(right[0])]), 0, True),
+        "wrong argument, no re-alignment": (render([_wrong_argument(right[0])]), 0, False),
+        "right, arrives mid-call": (render(right), max(1, plain_steps // 3), True),
+        "wrong then right": (render([_wrong_argument(right[0])]) + render(right), 0, True),
+        "no candidate": ([], 0, True),
     }
     steps_by_scenario = {}
-    for name, (candidates, after) in scenarios.items():
-        tokens, steps = await _run(engine, prompt, sampling, True, candidates, after)
+    for name, (candidates, after, realign) in scenarios.items():
+        tokens, steps = await _run(engine, prompt, sampling, True, candidates, after, realign)
         assert tokens == plain, f"{text!r}, {name}: output differs from plain decoding"
         steps_by_scenario[name] = steps
     # A right candidate can only save passes, never add any.
@@ -195,3 +200,32 @@ async def test_disabled_request_gets_no_drafts(engine: VllmEngine) -> None:
             drafted = delta.speculation.drafted_tokens
     assert drafted == 0
     assert len(engine.store) == 0
+
+
+async def _service_call(
+    service: MainModelService, text: str, enabled: bool
+) -> tuple[list[int], list[dict[str, Any]]]:
+    request = ChatCompletionRequest.model_validate({
+        "messages": [{"role": "user", "content": text}], "tools": TOOLS,
+        "tool_choice": "required", "temperature": 0.0, "max_tokens": 96,
+        "ooo_spec": {"enabled": enabled},
+    })
+    final: dict[str, Any] = {}
+    async for event in service.run(service.prepare(request), None):
+        final = event
+    return final["token_ids"], final["candidates"]
+
+
+async def test_history_candidates_are_lossless(engine: VllmEngine) -> None:
+    """Past calls offered at time zero — the same question again (right), a similar one with
+    another city (wrong argument) — leave the output token-identical to plain decoding."""
+    config = AppConfig.model_validate({"speculation": {"history": {"min_similarity": 0.5}}})
+    service = MainModelService(config, engine=engine)
+    first = "What's the weather in Paris?"
+    _, offered = await _service_call(service, first, enabled=True)  # recorded
+    assert offered == [] or all(c["source"] != "history" for c in offered)
+    for text in (first, "What's the weather in Lyon?"):
+        plain, _ = await _service_call(service, text, enabled=False)
+        tokens, offered = await _service_call(service, text, enabled=True)
+        assert tokens == plain, f"{text!r}: output differs from plain decoding"
+        assert any(c["source"] == "history" for c in offered), offered
