@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.otlp_receiver import OtlpReceiver
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_PORT = int(os.environ.get("OOO_SPEC_TEST_PORT", "18000"))
@@ -27,11 +30,36 @@ def serve_config() -> dict:
 
 
 @pytest.fixture(scope="session")
-def app_url(serve_config: dict) -> Iterator[str]:
-    """Base URL of the whole app (router, main model, sidecar) on a local Ray."""
+def otlp_receiver() -> Iterator[OtlpReceiver]:
+    """Where every replica of the session's app sends its spans (OTLP over HTTP)."""
+    receiver = OtlpReceiver().start()
+    try:
+        yield receiver
+    finally:
+        receiver.stop()
+
+
+@pytest.fixture(scope="session")
+def metrics_port() -> int:
+    """Ray's Prometheus endpoint of the session's app (a free port, not Ray's random one)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def app_url(serve_config: dict, otlp_receiver: OtlpReceiver, metrics_port: int) -> Iterator[str]:
+    """Base URL of the whole app (router, main model, sidecar) on a local Ray. Tracing is on
+    (to `otlp_receiver`, flushed every 200 ms) as it is on a cluster with Jaeger."""
     from deployments import local
 
-    url = local.start(serve_config)
+    tracing = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_receiver.url,
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_SERVICE_NAME": "ooo-spec-test",
+        "OTEL_BSP_SCHEDULE_DELAY": "200",
+    }
+    url = local.start(serve_config, env=tracing, metrics_export_port=metrics_port)
     try:
         yield url
     finally:
