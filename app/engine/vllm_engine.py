@@ -164,6 +164,12 @@ class VllmEngine:
     def start(self) -> None:
         """Build the engine (blocking, seconds) and start the step thread."""
         _set_engine_env(self.cfg)
+        if self.vllm_speculative is not None:
+            # vLLM's n-gram lookup is numba `parallel=True` code: with numba's default pool
+            # (one thread per core) the idle workers spin between steps and take the core the
+            # model needs (seen on 2 cores: passes up to 10x slower). One thread = the lookup
+            # runs on the engine's own thread. Read when numba is first imported (by vLLM).
+            os.environ.setdefault("NUMBA_NUM_THREADS", "1")
         from vllm import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
