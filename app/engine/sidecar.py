@@ -96,17 +96,18 @@ class SidecarService:
     ) -> Any:
         """One argument's value, generated under that argument's own grammar."""
         encode = self.engine.tokenizer.encode
-        tail = encode(slot_filling.slot_prefix(mode, name, key), add_special_tokens=False)
+        regex = slot_filling.slot_regex(parameters, key)
+        prefix = slot_filling.slot_prefix(mode, name, key, space=regex is not None)
+        tail = encode(prefix, add_special_tokens=False)
         sampling: dict[str, Any] = {
             "max_tokens": self.config.sidecar.slot_max_tokens, "temperature": 0.0
         }
-        regex = slot_filling.slot_regex(parameters, key)
         if regex is not None:
             sampling["structured_regex"] = regex
         else:
             sampling["structured_json"] = slot_filling.slot_schema(parameters, key)
         result = await self.engine.generate(prompt + tail, sampling)
-        return slot_filling.parse_slot_value(result.text)
+        return slot_filling.parse_slot_value(result.text, separated=regex is not None)
 
     async def verify(
         self,

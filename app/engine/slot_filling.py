@@ -29,10 +29,14 @@ def name_prefix(mode: str) -> str:
     return f'{opening}\n{INDENT}"name": "'
 
 
-def slot_prefix(mode: str, tool_name: str, key: str) -> str:
-    """The main model's output up to the value of argument `key`."""
+def slot_prefix(mode: str, tool_name: str, key: str, space: bool = True) -> str:
+    """The main model's output up to the value of argument `key`. `space=False` stops before
+    the space after the colon: the tokenizer glues that space to the value's first token
+    (` "`), and a prompt ending in a bare space token sends the model off into garbage
+    strings; the value's JSON grammar then takes the space itself."""
     return (
-        f'{name_prefix(mode)}{tool_name}",\n{INDENT}"arguments": {{\n{INDENT * 2}"{key}": '
+        f'{name_prefix(mode)}{tool_name}",\n{INDENT}"arguments": {{\n{INDENT * 2}"{key}":'
+        + (" " if space else "")
     )
 
 
@@ -51,21 +55,34 @@ def draft_calls(
     filled: dict[tuple[str, str], Any],
 ) -> list[PredictedCall]:
     """The calls the filled slots make, per tool: every filled key (optional ones included),
-    then the required keys alone when there are optional ones; a tool with a required slot
-    left unfilled (cut short by its budget) gives none. Drafts, not answers: the verifying
-    pass keeps the optional keys the model does write."""
+    then the required keys alone when there are optional ones. A required slot left unfilled
+    (cut short by its budget) gets a placeholder of its type. Drafts, not answers: the
+    verifying pass writes its own value where a draft's is wrong, and keeps the optional keys
+    the model does write."""
     drafts: list[PredictedCall] = []
     for name in names:
         parameters = tools[name] or {}
         required = set(parameters.get("required") or [])
-        arguments = {k: filled[(name, k)] for k in slots(parameters) if (name, k) in filled}
-        if not required <= set(arguments):
-            continue
+        properties = parameters.get("properties") or {}
+        arguments = {
+            k: filled[(name, k)] if (name, k) in filled else placeholder(properties[k])
+            for k in slots(parameters) if (name, k) in filled or k in required
+        }
         drafts.append(PredictedCall(name=name, arguments=arguments))
         bare = {k: v for k, v in arguments.items() if k in required}
         if bare != arguments:
             drafts.append(PredictedCall(name=name, arguments=bare))
     return drafts
+
+
+def placeholder(schema: dict[str, Any]) -> Any:
+    """A value of the schema's type, for a slot that did not fill (its keys still draft)."""
+    if schema.get("enum"):
+        return schema["enum"][0]
+    kind = schema.get("type")
+    kind = kind[0] if isinstance(kind, list) and kind else kind
+    return {"integer": 0, "number": 0, "boolean": False, "array": [], "object": {},
+            "null": None}.get(str(kind), "")
 
 
 def common_prefix_len(sequences: list[list[int]]) -> int:
@@ -102,9 +119,10 @@ def slot_regex(parameters: dict[str, Any], key: str) -> str | None:
     return None
 
 
-def parse_slot_value(text: str) -> Any:
-    """The JSON value of a slot's output (a regex slot carries its separator at the end)."""
-    return json.loads(text.rstrip(VALUE_END) if text[-1:] in VALUE_END else text)
+def parse_slot_value(text: str, separated: bool = False) -> Any:
+    """The JSON value of a slot's output; a regex slot (`separated`) ends with its separator,
+    a JSON-grammar slot with the value itself (which may well end in `}`)."""
+    return json.loads(text[:-1] if separated and text[-1:] in VALUE_END else text)
 
 
 def slot_schema(parameters: dict[str, Any], key: str) -> dict[str, Any]:

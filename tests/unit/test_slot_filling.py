@@ -26,8 +26,11 @@ def test_draft_calls_with_and_without_optional_keys() -> None:
         ("weather", {"city": "Paris", "days": 3}),
         ("noop", {}),
     ]
-    # A required slot that failed: no draft for that tool.
-    assert sf.draft_calls(["weather"], tools, {("weather", "city"): "Paris"}) == []
+    # A required slot that failed: a placeholder of its type keeps the keys drafting.
+    [draft] = sf.draft_calls(["weather"], tools, {("weather", "city"): "Paris"})
+    assert draft.arguments == {"city": "Paris", "days": 0}
+    assert sf.placeholder({"type": ["string", "null"]}) == ""
+    assert sf.placeholder({"enum": ["c", "f"]}) == "c"
 
 
 def test_common_prefix_len() -> None:
@@ -40,5 +43,8 @@ def test_common_prefix_len() -> None:
 def test_numeric_slots_end_at_the_separator() -> None:
     assert sf.slot_regex(PARAMS, "days") is not None
     assert sf.slot_regex(PARAMS, "city") is None
-    assert sf.parse_slot_value("42,") == 42
-    assert sf.parse_slot_value('"Paris"') == "Paris"
+    assert sf.parse_slot_value("42,", separated=True) == 42
+    assert sf.parse_slot_value("42}", separated=True) == 42
+    assert sf.parse_slot_value(' "Paris"') == "Paris"
+    assert sf.parse_slot_value('{"a": 1}') == {"a": 1}
+    assert sf.slot_prefix("required", "f", "city", space=False).endswith('"city":')
