@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from app.spec.canonical import Invocation
+from app.spec.canonical import Invocation, canonical_invocation
 from load_tests.agent_scenarios import AgentCase
 from load_tests.bfcl import CORE_CATEGORIES, SUPPORTED_CATEGORIES, BfclCase, load_bfcl, score_calls
 
@@ -53,6 +53,7 @@ BASELINE = "plain"
 # The second baseline every ratio is also given against, when the run has it.
 PEER = "ngram"
 AGENT_SOURCE = "agent"
+SIDECAR = "sidecar"
 Case = BfclCase | AgentCase
 PARALLEL_CATEGORIES = frozenset(c for c in SUPPORTED_CATEGORIES if "parallel" in c)
 
@@ -99,6 +100,16 @@ register_mode("ooo", {"ooo_spec": {"enabled": True, "pre_execute": False}},
 register_mode("ooo+tools", {"ooo_spec": {"enabled": True, "pre_execute": True}},
               "speculation plus pre-execution of predicted server-known tools",
               sources=[AGENT_SOURCE])
+# What re-alignment after a divergence is worth: drafting stops at the first mismatch.
+register_mode("ooo:no-realign",
+              {"ooo_spec": {"enabled": True, "pre_execute": False, "realign": False}},
+              "speculation without re-alignment (prefix-only drafting)", sources=["bfcl"])
+# The sidecar's own numbers: the response waits for its prediction, even a late one, so its
+# readiness and agreement with plain's call are measured on every case (latency not comparable).
+register_mode(SIDECAR, {"ooo_spec": {"enabled": True, "pre_execute": False,
+                                     "await_prediction": True}},
+              "speculation, reporting the sidecar's prediction whenever it arrives",
+              sources=["bfcl"])
 
 
 def parse_modes(spec: str) -> list[Mode]:
@@ -239,8 +250,12 @@ def build_request(case: Case, mode: Mode, settings: RequestSettings) -> dict[str
         kwargs["max_tokens"] = min(settings.max_tokens, case.max_tokens)
         options = kwargs["extra_body"].setdefault("ooo_spec", {})
         options.update(execute_tools=True, max_steps=case.max_steps)
-    elif case.category in PARALLEL_CATEGORIES:
-        kwargs["parallel_tool_calls"] = True
+    else:
+        # Every mode asks the same question: a call remembered from another mode's run would
+        # answer it (history candidates are for agents that repeat themselves).
+        kwargs["extra_body"].setdefault("ooo_spec", {})["history"] = False
+        if case.category in PARALLEL_CATEGORIES:
+            kwargs["parallel_tool_calls"] = True
     return kwargs
 
 
@@ -277,6 +292,12 @@ class Record:
     tool_calls: list[dict[str, str]] = field(default_factory=list)  # {name, arguments (JSON)}
     correct: bool | None = None
     identical_to_plain: bool | None = None
+    # `sidecar` mode: the prediction as the router saw it arrive, and whether it equals the
+    # plain run's committed call (canonically; only the required arguments).
+    prediction_ready_ms: float | None = None
+    prediction_calls: list[dict[str, Any]] | None = None
+    agrees_whole: bool | None = None
+    agrees_required: bool | None = None
 
     @property
     def ok(self) -> bool:
@@ -308,6 +329,7 @@ def record_from_response(
     main = report.get("main") or {}
     timings = report.get("timings_ms") or {}
     candidates = report.get("candidates") or []
+    predictions = report.get("predictions") or []
     choice = response.choices[0]
     message = choice.message
     calls = [
@@ -345,6 +367,8 @@ def record_from_response(
         first_commit_ms=timings.get("first_commit"),
         tools_ms=timings.get("tools"),
         baseline=report.get("baseline"),
+        prediction_ready_ms=predictions[0].get("ready_ms") if predictions else None,
+        prediction_calls=predictions[0].get("calls") if predictions else None,
         tool_results=[
             {"name": t.get("name"), "content": t.get("content"),
              "speculative": bool(t.get("speculative")), "saved_ms": t.get("saved_ms", 0.0)}
@@ -391,6 +415,50 @@ def mark_identity(records: Sequence[Record], baseline: str = BASELINE) -> None:
             r.identical_to_plain = None
         else:
             r.identical_to_plain = r.output() == reference[r.case_id]
+
+
+def mark_agreement(
+    records: Sequence[Record], cases: Sequence[Case], baseline: str = BASELINE
+) -> None:
+    """Set `agrees_whole` / `agrees_required` on `sidecar` records: the prediction against the
+    baseline's committed call of the same case. Cases where the baseline committed no call
+    (its output cut short) have nothing to agree with and stay None."""
+    schemas = {
+        c.id: {t["function"]["name"]: t["function"].get("parameters") or {} for t in c.tools}
+        for c in cases
+    }
+    committed = {r.case_id: r.tool_calls for r in records
+                 if r.mode == baseline and r.ok and not r.warmup and r.tool_calls}
+    for r in records:
+        if r.mode != SIDECAR or r.warmup or r.case_id not in committed:
+            continue
+        try:
+            main = [Invocation(name=c["name"], arguments=json.loads(c["arguments"]))
+                    for c in committed[r.case_id]]
+        except (json.JSONDecodeError, TypeError):
+            continue
+        predicted = [Invocation(name=c["name"], arguments=c.get("arguments") or {})
+                     for c in r.prediction_calls or []]
+        r.agrees_whole = same_calls(predicted, main, schemas[r.case_id], required_only=False)
+        r.agrees_required = same_calls(predicted, main, schemas[r.case_id], required_only=True)
+
+
+def same_calls(
+    a: Sequence[Invocation], b: Sequence[Invocation], schemas: Mapping[str, dict[str, Any]],
+    required_only: bool,
+) -> bool:
+    """Canonical equality of two call lists, in order; `required_only` compares the tool
+    names and the required arguments only."""
+    def key(call: Invocation) -> str:
+        schema = schemas.get(call.name) or {}
+        if required_only:
+            required = set(schema.get("required") or [])
+            call = Invocation(name=call.name,
+                              arguments={k: v for k, v in call.arguments.items() if k in required})
+            return canonical_invocation(call, None)
+        return canonical_invocation(call, schema)
+
+    return len(a) == len(b) and all(key(x) == key(y) for x, y in zip(a, b, strict=True))
 
 
 # ---------------------------------------------------------------- the run
@@ -487,6 +555,7 @@ def run_bench(
             )
             break
     mark_identity(records)
+    mark_agreement(records, cases)
     return records, stop_reason
 
 
@@ -565,6 +634,10 @@ def mode_summary(records: Sequence[Record]) -> dict[str, Any]:
             p: median(r.e2e_ms for r in ok if r.position == p)
             for p in sorted({r.position for r in ok})
         },
+        "prediction_ready_ms_median": median(r.prediction_ready_ms for r in ok),
+        "agreement_whole": share(r.agrees_whole for r in ok),
+        "agreement_required": share(r.agrees_required for r in ok),
+        "agreement_cases": len([r for r in ok if r.agrees_whole is not None]),
         "accuracy": share(r.correct for r in ok),
         "identical_to_plain": share(r.identical_to_plain for r in ok),
     }
@@ -619,6 +692,25 @@ def versus_baseline(
     }
 
 
+def realign_effect(records: Sequence[Record], with_: str = "ooo",
+                   without: str = "ooo:no-realign") -> dict[str, Any] | None:
+    """Mean accepted tokens per main forward pass on the cases where `with_`'s candidate was
+    only partly right (outcome `partial`), with re-alignment and without, same cases."""
+    partial = {r.case_id for r in records
+               if r.mode == with_ and r.ok and not r.warmup and r.outcome == "partial"}
+    if not partial or not any(r.mode == without for r in records):
+        return None
+
+    def per_pass(mode: str) -> float | None:
+        rates = [(r.accepted_tokens or 0) / r.steps for r in records
+                 if r.mode == mode and r.ok and not r.warmup and r.case_id in partial
+                 and r.steps]
+        return statistics.fmean(rates) if rates else None
+
+    return {"cases": len(partial), "accepted_per_pass_realign": per_pass(with_),
+            "accepted_per_pass_no_realign": per_pass(without)}
+
+
 def summarize(
     records: Sequence[Record], modes: Sequence[str], baseline: str = BASELINE
 ) -> dict[str, Any]:
@@ -626,6 +718,7 @@ def summarize(
     n-gram peer (`vs_plain`, `vs_ngram`) when those modes ran."""
     by_mode = {m: [r for r in records if r.mode == m] for m in modes}
     summary: dict[str, Any] = {"modes": {m: mode_summary(rs) for m, rs in by_mode.items()}}
+    summary["realign"] = realign_effect([r for rs in by_mode.values() for r in rs])
     for reference in dict.fromkeys([baseline, PEER]):
         if reference in by_mode:
             summary["vs_" + reference] = {

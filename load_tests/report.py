@@ -64,6 +64,9 @@ MODE_ROWS: tuple[tuple[str, str, Formatter], ...] = (
     ("tool wait after commit ms (median)", "tools_ms_median", _num()),
     ("tool results pre-executed", "tool_results_pre_executed", _pct),
     ("tool time saved ms (median)", "saved_ms_median", _num()),
+    ("sidecar prediction ready ms (median)", "prediction_ready_ms_median", _num()),
+    ("agrees with plain: whole call", "agreement_whole", _pct),
+    ("agrees with plain: required args", "agreement_required", _pct),
     ("BFCL accuracy", "accuracy", _pct),
     ("identical to plain", "identical_to_plain", _pct),
 )
@@ -135,6 +138,25 @@ def format_summary(
             parts.append("\n".join(lines))
     elif baseline not in per_mode:
         parts.append(f"(no '{baseline}' mode in this run: no ratios, no identity check)")
+    sidecar = per_mode.get("sidecar")
+    if sidecar and baseline in per_mode:
+        ready = sidecar.get("prediction_ready_ms_median")
+        decode = per_mode[baseline].get("decode_ms_median")
+        parts.append(
+            f"sidecar: prediction ready {_num(0, ' ms')(ready)} (median, from the fan-out) vs "
+            f"{baseline} decode {_num(0, ' ms')(decode)}: {_times(ratio_of(ready, decode))} of "
+            f"it; agrees with {baseline}'s call on {_pct(sidecar.get('agreement_whole'))} "
+            f"(whole call), {_pct(sidecar.get('agreement_required'))} (required arguments) "
+            f"of {sidecar.get('agreement_cases')} cases where {baseline} committed a call"
+        )
+    realign = summary.get("realign")
+    if realign:
+        parts.append(
+            f"re-alignment, on the {realign['cases']} cases where ooo's candidate was partly "
+            f"right: accepted tokens per main forward pass "
+            f"{_num(2)(realign['accepted_per_pass_realign'])} with, "
+            f"{_num(2)(realign['accepted_per_pass_no_realign'])} without"
+        )
     errors = {m: s["error_messages"] for m, s in per_mode.items() if s.get("error_messages")}
     if errors:
         parts.append(
@@ -146,6 +168,10 @@ def format_summary(
             )
         )
     return "\n\n".join(parts)
+
+
+def ratio_of(numerator: Any, denominator: Any) -> float | None:
+    return numerator / denominator if numerator is not None and denominator else None
 
 
 def write_json(path: Path, payload: Mapping[str, Any]) -> Path:

@@ -19,11 +19,13 @@ from load_tests.bench import (
     RequestSettings,
     RunLimits,
     build_request,
+    mark_agreement,
     mark_identity,
     mode_order,
     parse_dataset_spec,
     parse_modes,
     percentile,
+    realign_effect,
     register_mode,
     run_bench,
     summarize,
@@ -73,7 +75,10 @@ def test_builtin_modes() -> None:
     assert MODES["ooo"].extra_body == {"ooo_spec": {"enabled": True, "pre_execute": False}}
     assert MODES["ooo+tools"].extra_body == {"ooo_spec": {"enabled": True, "pre_execute": True}}
     assert [m for m in MODES if not MODES[m].applies_to("bfcl")] == ["ooo+tools"]
-    assert all(mode.applies_to("agent") for mode in MODES.values())
+    # The re-alignment and sidecar measurements are BFCL-only.
+    assert [m for m in MODES if not MODES[m].applies_to("agent")] == ["ooo:no-realign", "sidecar"]
+    assert MODES["sidecar"].extra_body["ooo_spec"]["await_prediction"] is True
+    assert MODES["ooo:no-realign"].extra_body["ooo_spec"]["realign"] is False
 
 
 def test_register_mode_and_parse() -> None:
@@ -136,7 +141,8 @@ def test_build_request() -> None:
     assert kwargs["tool_choice"] == "required"
     assert kwargs["temperature"] == 0
     assert kwargs["max_tokens"] == 256
-    assert kwargs["extra_body"] == {"ooo_spec": {"enabled": False}}
+    # BFCL asks the same question in every mode: no history candidates from the other runs.
+    assert kwargs["extra_body"] == {"ooo_spec": {"enabled": False, "history": False}}
     assert "parallel_tool_calls" not in kwargs
     kwargs["extra_body"]["ooo_spec"]["enabled"] = True  # a copy: the registry is untouched
     assert MODES["plain"].extra_body == {"ooo_spec": {"enabled": False}}
@@ -440,7 +446,8 @@ def test_agent_requests_run_the_loop_in_every_mode() -> None:
         assert options.get("pre_execute", False) is (name == "ooo+tools")
         assert "execute_tools" not in MODES[name].extra_body["ooo_spec"]
     bfcl = build_request(make_case(), MODES["ngram"], settings)
-    assert bfcl["extra_body"] == {"ooo_spec": {"enabled": False, "baseline": "ngram"}}
+    assert bfcl["extra_body"] == {"ooo_spec": {"enabled": False, "baseline": "ngram",
+                                               "history": False}}
 
 
 def test_plan_runs_ooo_tools_only_on_the_agent_set_and_warms_each_source() -> None:
@@ -548,3 +555,35 @@ def test_ratios_against_ngram_and_per_source_summaries() -> None:
     text = report.format_summary(bfcl)
     assert "vs ngram (ngram/mode, >1 = faster)" in text and "3.00x" in text
     assert "committed tool call p50 ms" in text
+
+
+def test_agreement_compares_the_prediction_with_plains_call() -> None:
+    case = make_case()
+    name = case.tools[0]["function"]["name"]
+    params = case.tools[0]["function"]["parameters"]
+    required = list(params.get("required") or [])
+    args = {k: 1 for k in required}
+    plain = Record(case.id, case.category, "plain", 0,
+                   tool_calls=[{"name": name, "arguments": json.dumps(args)}])
+    right = Record(case.id, case.category, "sidecar", 1,
+                   prediction_calls=[{"name": name, "arguments": args}])
+    wrong = Record(case.id, case.category, "sidecar", 1,
+                   prediction_calls=[{"name": name, "arguments": {**args, "extra": 2}}])
+    late = Record("other", case.category, "sidecar", 1, prediction_calls=[])
+    mark_agreement([plain, right, wrong, late], [case])
+    assert right.agrees_whole is True and right.agrees_required is True
+    assert wrong.agrees_whole is False and wrong.agrees_required is True
+    assert late.agrees_whole is None  # no plain call to agree with
+
+
+def test_realign_effect_on_partial_cases() -> None:
+    records = [
+        Record("a", "c", "ooo", 0, outcome="partial", steps=10, accepted_tokens=20),
+        Record("a", "c", "ooo:no-realign", 1, outcome="partial", steps=20, accepted_tokens=10),
+        Record("b", "c", "ooo", 0, outcome="hit", steps=5, accepted_tokens=30),
+        Record("b", "c", "ooo:no-realign", 1, outcome="hit", steps=5, accepted_tokens=30),
+    ]
+    effect = realign_effect(records)
+    assert effect == {"cases": 1, "accepted_per_pass_realign": 2.0,
+                      "accepted_per_pass_no_realign": 0.5}
+    assert realign_effect(records[2:]) is None
