@@ -137,7 +137,7 @@ class SpeculationConfig(_Strict):
         10.0, gt=0, description="After this the sidecar's answer is ignored (sidecar_late)."
     )
     sidecar_start_timeout_s: float = Field(
-        1.0, gt=0,
+        3.0, gt=0,
         description="How long the router waits for the sidecar call to reach a replica (all "
         "busy, or one restarting) before the main model decodes without it (sidecar_error).",
     )
@@ -157,6 +157,13 @@ class SidecarConfig(_Strict):
     top_k: int = Field(1, ge=1, le=4, description="Alternatives in 'whole' mode.")
     max_tokens: int = Field(256, ge=16, description="Token budget of a 'whole' prediction.")
     slot_max_tokens: int = Field(48, ge=4, description="Token budget of one argument value.")
+    verify: bool = Field(
+        False,
+        description="'slots' mode: one more pass over the whole call, drafted from the slots, "
+        "before answering (agrees with the main model far more often, but with the same model "
+        "on both sides it costs about what the main model's own drafted call costs; pays off "
+        "with a sidecar on spare hardware). Per request: ooo_spec.verify_prediction.",
+    )
 
 
 class MainConfig(_Strict):

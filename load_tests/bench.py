@@ -54,6 +54,7 @@ BASELINE = "plain"
 PEER = "ngram"
 AGENT_SOURCE = "agent"
 SIDECAR = "sidecar"
+SIDECAR_VERIFY = "sidecar+verify"
 Case = BfclCase | AgentCase
 PARALLEL_CATEGORIES = frozenset(c for c in SUPPORTED_CATEGORIES if "parallel" in c)
 
@@ -109,6 +110,11 @@ register_mode("ooo:no-realign",
 register_mode(SIDECAR, {"ooo_spec": {"enabled": True, "pre_execute": False,
                                      "await_prediction": True}},
               "speculation, reporting the sidecar's prediction whenever it arrives",
+              sources=["bfcl"])
+register_mode(SIDECAR_VERIFY, {"ooo_spec": {"enabled": True, "pre_execute": False,
+                                            "await_prediction": True,
+                                            "verify_prediction": True}},
+              "as `sidecar`, the sidecar verifying its slots in one drafted pass",
               sources=["bfcl"])
 
 
@@ -430,7 +436,7 @@ def mark_agreement(
     committed = {r.case_id: r.tool_calls for r in records
                  if r.mode == baseline and r.ok and not r.warmup and r.tool_calls}
     for r in records:
-        if r.mode != SIDECAR or r.warmup or r.case_id not in committed:
+        if r.mode not in (SIDECAR, SIDECAR_VERIFY) or r.warmup or r.case_id not in committed:
             continue
         try:
             main = [Invocation(name=c["name"], arguments=json.loads(c["arguments"]))

@@ -138,12 +138,13 @@ def format_summary(
             parts.append("\n".join(lines))
     elif baseline not in per_mode:
         parts.append(f"(no '{baseline}' mode in this run: no ratios, no identity check)")
-    sidecar = per_mode.get("sidecar")
-    if sidecar and baseline in per_mode:
+    for name, sidecar in per_mode.items():
+        if not name.startswith("sidecar") or baseline not in per_mode:
+            continue
         ready = sidecar.get("prediction_ready_ms_median")
         decode = per_mode[baseline].get("decode_ms_median")
         parts.append(
-            f"sidecar: prediction ready {_num(0, ' ms')(ready)} (median, from the fan-out) vs "
+            f"{name}: prediction ready {_num(0, ' ms')(ready)} (median, from the fan-out) vs "
             f"{baseline} decode {_num(0, ' ms')(decode)}: {_times(ratio_of(ready, decode))} of "
             f"it; agrees with {baseline}'s call on {_pct(sidecar.get('agreement_whole'))} "
             f"(whole call), {_pct(sidecar.get('agreement_required'))} (required arguments) "

@@ -89,6 +89,8 @@ class OooSpecOptions(_Wire):
     # `ooo_spec.prediction` (its agreement with the committed call), at the cost of latency.
     realign: bool = True
     await_prediction: bool = False
+    # Overrides the server's `sidecar.verify` for this request (benchmarks compare both).
+    verify_prediction: bool | None = None
     # Past committed calls as candidates, and this request's call kept for later ones. Off for
     # benchmarks that send the same question in several modes (it would answer itself).
     history: bool = True

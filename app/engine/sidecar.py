@@ -51,22 +51,26 @@ class SidecarService:
             return Prediction(no_call=True)
         parallel = mode != "named" and request.parallel_tool_calls is True
         if self.config.sidecar.mode == "slots" and mode in ("required", "named") and not parallel:
+            verify = request.ooo_spec.verify_prediction
             try:
-                calls = await self.predict_slots(request, mode)
+                alternatives = await self.predict_slots(
+                    request, mode, self.config.sidecar.verify if verify is None else verify
+                )
             except Exception as exc:  # the main model decodes on without us
                 return Prediction(error=f"{type(exc).__name__}: {exc}",
                                   elapsed_ms=(time.perf_counter() - started) * 1000)
             return Prediction(
-                candidates=[calls] if calls else [],
-                elapsed_ms=(time.perf_counter() - started) * 1000,
+                candidates=alternatives, elapsed_ms=(time.perf_counter() - started) * 1000
             )
         return await self.predict_whole(request, mode, started)
 
     async def predict_slots(
-        self, request: ChatCompletionRequest, mode: str
-    ) -> list[PredictedCall]:
-        """Every argument slot at once (of every tool, when they fit in one batch), then one
-        verifying pass over the whole call drafted from them; [] when nothing came of it."""
+        self, request: ChatCompletionRequest, mode: str, verify: bool
+    ) -> list[list[PredictedCall]]:
+        """Every argument slot at once (of every tool, when they fit in one batch) while the
+        tool is chosen; the alternatives are the chosen tool's call with the required keys only
+        and with every filled key. `verify`: one more pass over the whole call drafted from
+        them instead (see `verify`)."""
         # The prompt shows every tool of the request, as the main model's prompt does.
         prompt = self.prompt(request, request.tool_dicts())
         tools = {t.function.name: t.function.parameters for t in request.tools or []}
@@ -74,22 +78,34 @@ class SidecarService:
         # Prefill the shared prompt once so every request below finds it in the prefix cache;
         # submitted together without this, every slot would prefill it on its own.
         await self.engine.generate(prompt, {"max_tokens": 1, "temperature": 0.0})
-        total = sum(len(slot_filling.slots(tools[n])) for n in names)
-        if len(names) > 1 and total >= self.config.sidecar.engine.max_num_seqs:
-            # Too many slots for one batch: settle the tool first (one pass or two).
+        choice: asyncio.Future[int] | None = None
+        if len(names) > 1:
             options = [f'{n}"' for n in names]
-            names = [names[await self.choose(prompt, slot_filling.name_prefix(mode), options)]]
-        keys = [(n, k) for n in names for k in slot_filling.slots(tools[n])]
-        values = await asyncio.gather(
-            *(self.fill(prompt, mode, n, tools[n], k) for n, k in keys), return_exceptions=True
-        )
-        filled = {key: v for key, v in zip(keys, values, strict=True)
-                  if not isinstance(v, BaseException)}
-        drafts = slot_filling.draft_calls(names, tools, filled)
-        if not drafts:
-            return []
-        verified = await self.verify(prompt, request, mode, names, drafts)
-        return verified or drafts[:1]
+            choice = asyncio.ensure_future(
+                self.choose(prompt, slot_filling.name_prefix(mode), options)
+            )
+        try:
+            total = sum(len(slot_filling.slots(tools[n])) for n in names)
+            if choice is not None and total >= self.config.sidecar.engine.max_num_seqs:
+                names = [names[await choice]]  # too many slots for one batch: the tool first
+                choice = None
+            keys = [(n, k) for n in names for k in slot_filling.slots(tools[n])]
+            values = await asyncio.gather(
+                *(self.fill(prompt, mode, n, tools[n], k) for n, k in keys),
+                return_exceptions=True,
+            )
+            filled = {key: v for key, v in zip(keys, values, strict=True)
+                      if not isinstance(v, BaseException)}
+            drafts = slot_filling.draft_calls(names, tools, filled)
+            if verify and drafts:
+                verified = await self.verify(prompt, request, mode, names, drafts)
+                if verified:
+                    return [verified]
+            name = names[await choice] if choice is not None else names[0]
+        finally:
+            if choice is not None:
+                choice.cancel()
+        return [[d] for d in drafts if d.name == name]
 
     async def fill(
         self, prompt: list[int], mode: str, name: str, parameters: dict[str, Any], key: str

@@ -54,8 +54,8 @@ def draft_calls(
     tools: dict[str, dict[str, Any]],
     filled: dict[tuple[str, str], Any],
 ) -> list[PredictedCall]:
-    """The calls the filled slots make, per tool: every filled key (optional ones included),
-    then the required keys alone when there are optional ones. A required slot left unfilled
+    """The calls the filled slots make, per tool: the required keys alone, then every filled
+    key (optional ones included) when there are optional ones. A required slot left unfilled
     (cut short by its budget) gets a placeholder of its type. Drafts, not answers: the
     verifying pass writes its own value where a draft's is wrong, and keeps the optional keys
     the model does write."""
@@ -68,10 +68,11 @@ def draft_calls(
             k: filled[(name, k)] if (name, k) in filled else placeholder(properties[k])
             for k in slots(parameters) if (name, k) in filled or k in required
         }
-        drafts.append(PredictedCall(name=name, arguments=arguments))
+        # The required keys alone first: the call the main model most often writes.
         bare = {k: v for k, v in arguments.items() if k in required}
+        drafts.append(PredictedCall(name=name, arguments=bare))
         if bare != arguments:
-            drafts.append(PredictedCall(name=name, arguments=bare))
+            drafts.append(PredictedCall(name=name, arguments=arguments))
     return drafts
 
 

@@ -76,7 +76,8 @@ def test_builtin_modes() -> None:
     assert MODES["ooo+tools"].extra_body == {"ooo_spec": {"enabled": True, "pre_execute": True}}
     assert [m for m in MODES if not MODES[m].applies_to("bfcl")] == ["ooo+tools"]
     # The re-alignment and sidecar measurements are BFCL-only.
-    assert [m for m in MODES if not MODES[m].applies_to("agent")] == ["ooo:no-realign", "sidecar"]
+    assert [m for m in MODES if not MODES[m].applies_to("agent")] == [
+        "ooo:no-realign", "sidecar", "sidecar+verify"]
     assert MODES["sidecar"].extra_body["ooo_spec"]["await_prediction"] is True
     assert MODES["ooo:no-realign"].extra_body["ooo_spec"]["realign"] is False
 

@@ -22,8 +22,8 @@ def test_draft_calls_with_and_without_optional_keys() -> None:
     filled = {("weather", "city"): "Paris", ("weather", "days"): 3, ("weather", "unit"): "c"}
     drafts = sf.draft_calls(["weather", "noop"], tools, filled)
     assert [(d.name, d.arguments) for d in drafts] == [
-        ("weather", {"city": "Paris", "unit": "c", "days": 3}),
         ("weather", {"city": "Paris", "days": 3}),
+        ("weather", {"city": "Paris", "unit": "c", "days": 3}),
         ("noop", {}),
     ]
     # A required slot that failed: a placeholder of its type keeps the keys drafting.
