@@ -16,7 +16,8 @@ from typing import Any
 
 from app.spec.prediction import PredictedCall, Prediction
 
-SIDECAR_FAULTS = frozenset({"hang", "error", "garbage", "wrong_call"})
+# "slow": the sidecar first runs a long generation of its own, so its engine is busy.
+SIDECAR_FAULTS = frozenset({"hang", "slow", "error", "garbage", "wrong_call"})
 TOOL_WORKER_FAULTS = frozenset({"hang", "error"})
 MAX_FAULT_S = 600.0
 

@@ -72,6 +72,11 @@ class Sidecar:
             finally:
                 self.faults.waiting -= 1
             raise RuntimeError("injected fault: the sidecar hung")
+        if fault == "slow":
+            prompt = self.service.prompt(request, request.tool_dicts())
+            await self.service.engine.generate(
+                prompt, {"max_tokens": 1024, "temperature": 0.0, "ignore_eos": True})
+            return (await self.service.predict(request)).model_dump()
         if fault == "error":
             raise RuntimeError("injected fault: the sidecar failed")
         if fault == "garbage":

@@ -215,10 +215,16 @@ def open_request(app_url: str, body: dict[str, Any]) -> socket.socket:
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "plain-response"])
-def test_client_disconnect_aborts_main_and_sidecar(app_url: str, stream: bool) -> None:
+def test_client_disconnect_aborts_main_and_sidecar(
+    app_url: str, clean_faults: None, stream: bool
+) -> None:
     """A client that leaves mid-request: the engines' own counters show both generations
-    aborted (not run to the end) and nothing left behind."""
-    before = {d: counters(d) for d in ("MainModel", "Sidecar")}
+    aborted (not run to the end) and nothing left behind. The sidecar is made slow (a long
+    generation of its own first), so it is surely still generating when the client leaves."""
+    call("Sidecar", "inject_fault", "slow", 300)
+    # Start from idle engines, so the busy engines below are this request's.
+    before = {d: wait_for(f"{d} idle", lambda d=d: (c if idle(c := counters(d)) else None), 60)
+              for d in ("MainModel", "Sidecar")}
     body = {**with_spec(LONG, True), "max_tokens": 400, "stream": stream}
 
     def both_busy() -> bool:
