@@ -70,8 +70,9 @@ class ToolCallingUser(FastHttpUser):
             "/v1/chat/completions", json=body, catch_response=True,
             name=f"chat.completions [{case.category}, {mode}]",
         ) as response:
+            # `error` exists only on replies that failed below HTTP (refused, reset, timeout).
             problem = check_completion(response.status_code, response.text or "",
-                                       response.error)
+                                       getattr(response, "error", None))
             if problem is None:
                 response.success()
             else:
