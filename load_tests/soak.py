@@ -454,7 +454,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(json.dumps(
                 {"summary": summary, "rss": rss, "problems": problems,
-                 "settings": vars(args)}, indent=2))
+                 "settings": vars(args),
+                 # The raw samples, to tell a plateau (caches, allocator) from a leak.
+                 "rss_samples_mib": {s.name: [(round(t, 1), round(v / MIB, 1))
+                                              for t, v in s.samples] for s in series}},
+                indent=2))
         say("soak: " + ("FAILED" if problems else "passed"))
         return 1 if problems else 0
     finally:
