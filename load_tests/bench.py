@@ -362,7 +362,9 @@ def record_from_response(
         decode_ms=main.get("decode_ms"),
         sidecar_ms=timings.get("sidecar"),
         server_total_ms=timings.get("total"),
-        candidate_ready_ms=candidates[0].get("ready_ms") if candidates else None,
+        # The sidecar's: history candidates (past calls) are there at time zero.
+        candidate_ready_ms=next((c.get("ready_ms") for c in candidates
+                                 if c.get("source", "sidecar") == "sidecar"), None),
         candidates=len(candidates),
         finish_reason=choice.finish_reason,
         content=message.content,

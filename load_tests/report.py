@@ -60,7 +60,7 @@ MODE_ROWS: tuple[tuple[str, str, Formatter], ...] = (
     ("ttft ms (median)", "ttft_ms_median", _num()),
     ("sidecar ms (median)", "sidecar_ms_median", _num()),
     ("requests with a candidate", "with_candidate", _pct),
-    ("candidate ready ms (median)", "candidate_ready_ms_median", _num()),
+    ("sidecar candidate ready ms (median)", "candidate_ready_ms_median", _num()),
     ("tool wait after commit ms (median)", "tools_ms_median", _num()),
     ("tool results pre-executed", "tool_results_pre_executed", _pct),
     ("tool time saved ms (median)", "saved_ms_median", _num()),
@@ -129,9 +129,9 @@ def format_summary(
             if not per_mode[m].get("with_candidate"):
                 continue  # plain decoding or the n-gram engine: no sidecar candidates
             lines.append(
-                f"{m}: first candidate ready at {_num(0, ' ms')(v['candidate_ready_ms_median'])}"
-                f" (median over the {_pct(per_mode[m].get('with_candidate'))} of requests that"
-                f" got one) vs {baseline} decode {_num(0, ' ms')(v['plain_decode_ms_median'])}"
+                f"{m}: sidecar candidate ready at {_num(0, ' ms')(v['candidate_ready_ms_median'])}"
+                f" (median over the requests it reached in time; "
+                f"{_pct(per_mode[m].get('with_candidate'))} had any candidate) vs {baseline} decode {_num(0, ' ms')(v['plain_decode_ms_median'])}"
                 f" (median): {_times(v['candidate_ready_vs_plain_decode'])} of it"
             )
         if lines:

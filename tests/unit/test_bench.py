@@ -588,3 +588,17 @@ def test_realign_effect_on_partial_cases() -> None:
     assert effect == {"cases": 1, "accepted_per_pass_realign": 2.0,
                       "accepted_per_pass_no_realign": 0.5}
     assert realign_effect(records[2:]) is None
+
+
+def test_candidate_ready_time_is_the_sidecars_not_a_history_candidates() -> None:
+    report_ = {"enabled": True, "outcome": "hit", "main": {"steps": 2},
+               "candidates": [
+                   {"source": "history", "name": "area", "arguments": {}, "valid": True,
+                    "ready_ms": 0.0},
+                   {"source": "sidecar", "name": "area", "arguments": {}, "valid": True,
+                    "ready_ms": 640.0}]}
+    record = bench.record_from_response(report_response(report_), make_case(), "ooo", 0, 1.0)
+    assert record.candidate_ready_ms == 640.0 and record.candidates == 2
+    report_["candidates"] = report_["candidates"][:1]
+    record = bench.record_from_response(report_response(report_), make_case(), "ooo", 0, 1.0)
+    assert record.candidate_ready_ms is None
