@@ -131,7 +131,8 @@ def format_summary(
             lines.append(
                 f"{m}: sidecar candidate ready at {_num(0, ' ms')(v['candidate_ready_ms_median'])}"
                 f" (median over the requests it reached in time; "
-                f"{_pct(per_mode[m].get('with_candidate'))} had any candidate) vs {baseline} decode {_num(0, ' ms')(v['plain_decode_ms_median'])}"
+                f"{_pct(per_mode[m].get('with_candidate'))} had any candidate) vs {baseline}"
+                f" decode {_num(0, ' ms')(v['plain_decode_ms_median'])}"
                 f" (median): {_times(v['candidate_ready_vs_plain_decode'])} of it"
             )
         if lines:
