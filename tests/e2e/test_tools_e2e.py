@@ -66,7 +66,10 @@ def test_correct_prediction_pre_executes_slow_lookup(  # type: ignore[no-untyped
             tool_choice=named("slow_lookup"),
             temperature=0,
             max_tokens=48,
-            extra_body={"ooo_spec": {"enabled": True, "execute_tools": True, "max_steps": 1}},
+            # The same question four times: without this, the first call would come back as a
+            # history candidate at time zero and the main model would finish before the sidecar.
+            extra_body={"ooo_spec": {"enabled": True, "execute_tools": True, "max_steps": 1,
+                                     "history": False}},
         )
         report = response.model_extra["ooo_spec"]
         results = report["tool_results"]
