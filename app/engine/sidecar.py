@@ -1,9 +1,9 @@
 """The sidecar: predicts the tool invocation with a small model, beside the main model.
 
 Two modes (config `sidecar.mode`):
-- `slots` (default, forced calls): fill every argument slot in parallel (see
-  `slot_filling.py`), then verify the call they make in one drafted pass — ready in a fraction
-  of the main model's decode time;
+- `slots` (default, forced calls): fill every argument slot in parallel while the tool is
+  chosen (see `slot_filling.py`); with `sidecar.verify`, one more drafted pass over the call
+  they make;
 - `whole`: one generation of the whole invocation constrained to the union over the request's
   tools (plus "no call" when the model may answer without a call); also used for `auto` and for
   parallel calls, which slot filling does not predict.
