@@ -4,10 +4,11 @@ Instead of writing the whole invocation (as slow as the main model when both are
 sidecar predicts every argument as its own short generation, all submitted together so the
 engine batches them and shares the prompt prefix. Each slot's prompt continues the invocation
 in the main model's own style, and each slot ends by its own grammar (the JSON value of that
-argument), so no slot rambles. The calls the slots make (`draft_calls`) then draft one
+argument), so no slot rambles. Beside the slots the tool is chosen by scoring the names where
+they part (`common_prefix_len`), one pass each, instead of generating the name. The calls the
+slots make (`draft_calls`) are the prediction; optionally (`sidecar.verify`) they draft one
 verifying pass of the whole call, which fixes the values that depend on each other and keeps
-the optional keys the model writes. When there are too many slots for one batch, the tool is
-chosen first by scoring the names where they part (`common_prefix_len`), one pass each.
+the optional keys the model writes.
 
 Pure: builds prompts' text tails and schemas, assembles the answer; the engine lives elsewhere.
 """
