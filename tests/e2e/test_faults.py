@@ -163,7 +163,11 @@ def calculator_request(app_url: str) -> dict[str, Any]:
         "tools": [{"type": "function", "function": entry["function"]}],
         "tool_choice": {"type": "function", "function": {"name": "calculator"}},
         "temperature": 0, "max_tokens": 48,
-        "ooo_spec": {"enabled": True, "execute_tools": True, "max_steps": 1},
+        # No pre-execution: the call the worker holds when the fault hits must be the
+        # committed one (a killed pre-executed prediction would leave the committed call to
+        # run on the fresh replica, fault-free).
+        "ooo_spec": {"enabled": True, "execute_tools": True, "max_steps": 1,
+                     "pre_execute": False},
     }
 
 
