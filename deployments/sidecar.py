@@ -17,11 +17,12 @@ from app.config import load_config
 from app.engine.sidecar import SidecarService
 from app.faults import SIDECAR_FAULTS, FaultPlan, garbage_prediction, wrong_prediction
 from app.spec.prediction import Prediction
+from deployments.fault_handles import FaultHandles
 from deployments.metrics import ServeMetrics
 
 
 @serve.deployment(name="Sidecar")
-class Sidecar:
+class Sidecar(FaultHandles):
     def __init__(self, config: dict[str, Any]) -> None:
         loaded = load_config(config)
         self.service = SidecarService(loaded)
@@ -82,17 +83,6 @@ class Sidecar:
         if fault == "garbage":
             return garbage_prediction()
         return wrong_prediction(request.tool_dicts()).model_dump()
-
-    def inject_fault(self, kind: str, seconds: float = 60.0) -> dict[str, Any]:
-        self.faults.arm(kind, seconds)
-        return self.faults.status()
-
-    def clear_faults(self) -> dict[str, Any]:
-        self.faults.clear()
-        return self.faults.status()
-
-    def fault_status(self) -> dict[str, Any]:
-        return self.faults.status()
 
     def engine_counters(self) -> dict[str, int]:
         return self.service.engine.counters()

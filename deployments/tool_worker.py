@@ -21,11 +21,12 @@ from app.faults import TOOL_WORKER_FAULTS, FaultPlan
 from app.tools.mcp_source import McpToolSource
 from app.tools.policy import may_pre_execute
 from app.tools.registry import ToolRegistry, ToolResult
+from deployments.fault_handles import FaultHandles
 from deployments.metrics import ServeMetrics
 
 
 @serve.deployment(name="ToolWorker")
-class ToolWorker:
+class ToolWorker(FaultHandles):
     # Async constructor (Ray Serve awaits it): MCP sessions are background tasks that must
     # live on the replica's event loop, the same loop that later serves `execute`.
     async def __init__(self, config: dict[str, Any]) -> None:  # type: ignore[misc]
@@ -96,17 +97,6 @@ class ToolWorker:
 
     def received_calls(self) -> dict[str, int]:
         return dict(self.received)
-
-    def inject_fault(self, kind: str, seconds: float = 60.0) -> dict[str, Any]:
-        self.faults.arm(kind, seconds)
-        return self.faults.status()
-
-    def clear_faults(self) -> dict[str, Any]:
-        self.faults.clear()
-        return self.faults.status()
-
-    def fault_status(self) -> dict[str, Any]:
-        return self.faults.status()
 
     def list_tools(self) -> list[dict[str, Any]]:
         """`GET /v1/tools` entries."""
