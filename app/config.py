@@ -100,6 +100,13 @@ class EngineConfig(_Strict):
         description="Cores for the engine's threads (VLLM_CPU_OMP_THREADS_BIND), e.g. '0'. "
         "None leaves threads to Ray's OMP_NUM_THREADS.",
     )
+    block_size: int | None = Field(
+        None, ge=16, multiple_of=16,
+        description="KV cache block size; None = vLLM's default (128 on CPU). The prefix cache "
+        "reuses whole blocks only, so an engine that sends many requests sharing a prompt "
+        "(the sidecar's slots) recomputes up to one block of it per request: smaller is "
+        "cheaper there.",
+    )
     enforce_eager: bool = True
     tool_format: Literal["hermes"] = Field(
         "hermes", description="How the main model writes tool calls (see app/engine/formats)."
@@ -146,13 +153,27 @@ class SpeculationConfig(_Strict):
 
 class SidecarConfig(_Strict):
     enabled: bool = True
-    engine: EngineConfig = Field(default_factory=lambda: EngineConfig(kv_cache_gib=0.5))
+    engine: EngineConfig = Field(
+        default_factory=lambda: EngineConfig(kv_cache_gib=0.5, block_size=32)
+    )
     deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
     mode: Literal["slots", "whole"] = Field(
         "slots",
         description="'slots': pick the tool, then predict every required argument as its own "
         "short constrained generation, all batched (fast; the default). 'whole': one "
         "constrained generation of the whole invocation (pays off with a larger sidecar).",
+    )
+    prompt: Literal["signatures", "full"] = Field(
+        "signatures",
+        description="'slots' mode: the sidecar's prompt. 'signatures': one line per tool "
+        "(name, typed arguments, description) - a third of the tokens, and the sidecar's time "
+        "is mostly its prompt's prefill; 'full': the main model's own prompt.",
+    )
+    waves: int = Field(
+        1, ge=1, le=4,
+        description="'slots' mode: wave n fills every argument after the first again, with "
+        "the values wave n-1 found written before it (fixes values that depend on the ones "
+        "before, e.g. the second of two numbers); each wave costs about one slot pass.",
     )
     top_k: int = Field(1, ge=1, le=4, description="Alternatives in 'whole' mode.")
     max_tokens: int = Field(256, ge=16, description="Token budget of a 'whole' prediction.")

@@ -630,6 +630,7 @@ def mode_summary(records: Sequence[Record]) -> dict[str, Any]:
             sum(r.completion_tokens or 0 for r in ok) / total_steps if total_steps else None
         ),
         "decode_ms_median": median(r.decode_ms for r in ok),
+        "first_commit_ms_median": median(r.first_commit_ms for r in ok),
         "ttft_ms_median": median(r.ttft_ms for r in ok),
         "sidecar_ms_median": median(r.sidecar_ms for r in ok if r.sidecar_ms),
         # Only requests that got a candidate before the main model finished have a ready

@@ -144,10 +144,15 @@ def format_summary(
             continue
         ready = sidecar.get("prediction_ready_ms_median")
         decode = per_mode[baseline].get("decode_ms_median")
+        # The sidecar's time includes its prompt's prefill: the main model's time to the call
+        # (prefill + decode, from the same start) is the like-for-like comparison.
+        to_call = per_mode[baseline].get("first_commit_ms_median")
         parts.append(
             f"{name}: prediction ready {_num(0, ' ms')(ready)} (median, from the fan-out) vs "
             f"{baseline} decode {_num(0, ' ms')(decode)}: {_times(ratio_of(ready, decode))} of "
-            f"it; agrees with {baseline}'s call on {_pct(sidecar.get('agreement_whole'))} "
+            f"it; vs {baseline}'s time to its call {_num(0, ' ms')(to_call)}: "
+            f"{_times(ratio_of(ready, to_call))} of it; agrees with {baseline}'s call on "
+            f"{_pct(sidecar.get('agreement_whole'))} "
             f"(whole call), {_pct(sidecar.get('agreement_required'))} (required arguments) "
             f"of {sidecar.get('agreement_cases')} cases where {baseline} committed a call"
         )

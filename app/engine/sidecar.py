@@ -44,6 +44,20 @@ class SidecarService:
     def prompt(self, request: ChatCompletionRequest, tools: list[dict[str, Any]]) -> list[int]:
         return self.engine.chat_prompt_ids(prepare_messages(request.message_dicts(), tools))
 
+    def slot_prompt(self, request: ChatCompletionRequest) -> list[int]:
+        """Slots mode's prompt: every tool of the request (the main model sees them all too),
+        as signatures or as the main model's own listing (`sidecar.prompt`)."""
+        tools = request.tool_dicts()
+        if self.config.sidecar.prompt == "full":
+            return self.prompt(request, tools)
+        messages = prepare_messages(request.message_dicts(), None)
+        system = slot_filling.signature_prompt(tools)
+        if messages and messages[0]["role"] == "system":
+            messages[0] = {"role": "system", "content": messages[0]["content"] + "\n\n" + system}
+        else:
+            messages.insert(0, {"role": "system", "content": system})
+        return self.engine.chat_prompt_ids(messages)
+
     async def predict(self, request: ChatCompletionRequest) -> Prediction:
         started = time.perf_counter()
         mode = request.effective_tool_choice
@@ -67,54 +81,76 @@ class SidecarService:
     async def predict_slots(
         self, request: ChatCompletionRequest, mode: str, verify: bool
     ) -> list[list[PredictedCall]]:
-        """Every argument slot at once (of every tool, when they fit in one batch) while the
-        tool is chosen; the alternatives are the chosen tool's call with the required keys only
-        and with every filled key. `verify`: one more pass over the whole call drafted from
-        them instead (see `verify`)."""
-        # The prompt shows every tool of the request, as the main model's prompt does.
-        prompt = self.prompt(request, request.tool_dicts())
+        """The tool first (when there is a choice), then every argument slot of it at once;
+        the alternatives are its call with the required keys only and with every filled key.
+        `verify`: one more pass over the whole call drafted from them instead (see `verify`)."""
+        prompt = self.slot_prompt(request)
         tools = {t.function.name: t.function.parameters for t in request.tools or []}
         names = [request.named_tool] if mode == "named" and request.named_tool else list(tools)
-        # Prefill the shared prompt once so every request below finds it in the prefix cache;
-        # submitted together without this, every slot would prefill it on its own.
-        await self.engine.generate(prompt, {"max_tokens": 1, "temperature": 0.0})
-        choice: asyncio.Future[int] | None = None
-        if len(names) > 1:
-            options = [f'{n}"' for n in names]
-            choice = asyncio.ensure_future(
-                self.choose(prompt, slot_filling.name_prefix(mode), options)
-            )
-        try:
-            total = sum(len(slot_filling.slots(tools[n])) for n in names)
-            if choice is not None and total >= self.config.sidecar.engine.max_num_seqs:
-                names = [names[await choice]]  # too many slots for one batch: the tool first
-                choice = None
-            keys = [(n, k) for n in names for k in slot_filling.slots(tools[n])]
-            values = await asyncio.gather(
-                *(self.fill(prompt, mode, n, tools[n], k) for n, k in keys),
-                return_exceptions=True,
-            )
-            filled = {key: v for key, v in zip(keys, values, strict=True)
-                      if not isinstance(v, BaseException)}
-            drafts = slot_filling.draft_calls(names, tools, filled)
-            if verify and drafts:
-                verified = await self.verify(prompt, request, mode, names, drafts)
-                if verified:
-                    return [verified]
-            name = names[await choice] if choice is not None else names[0]
-        finally:
-            if choice is not None:
-                choice.cancel()
-        return [[d] for d in drafts if d.name == name]
-
-    async def fill(
-        self, prompt: list[int], mode: str, name: str, parameters: dict[str, Any], key: str
-    ) -> Any:
-        """One argument's value, generated under that argument's own grammar."""
         encode = self.engine.tokenizer.encode
+        if len(names) > 1:
+            head = prompt + encode(slot_filling.name_prefix(mode), add_special_tokens=False)
+            names = [await self.choose(head, names)]
+        name = names[0]
+        parameters = tools[name] or {}
+        keys = slot_filling.slots(parameters)
+        tails = {k: self._slot_tail(mode, name, parameters, k) for k in keys}
+        # Prefill the prompt and the part of the call every slot shares (up to the first key)
+        # once, so each slot below finds it in the prefix cache and computes only its key and
+        # the rest of the last cache block; submitted together without this, every slot would
+        # prefill the whole prompt on its own.
+        shared = slot_filling.common_prefix_len(list(tails.values())) if tails else 0
+        await self.engine.generate(
+            prompt + (next(iter(tails.values()))[:shared] if tails else []),
+            {"max_tokens": 1, "temperature": 0.0},
+        )
+        values = await self._fill_all(prompt, parameters, tails)
+        required = set(parameters.get("required") or [])
+        for _ in range(self.config.sidecar.waves - 1):
+            # Each key again after the required values found before it (a value often depends
+            # on the ones the model wrote first: the second of two numbers, a sign).
+            befores = {k: {b: values[b] for b in keys[:i] if b in required and b in values}
+                       for i, k in enumerate(keys)}
+            tails = {k: self._slot_tail(mode, name, parameters, k, before)
+                     for k, before in befores.items() if before}
+            if not tails:
+                break
+            values |= await self._fill_all(prompt, parameters, tails)
+        filled = {(name, k): v for k, v in values.items()}
+        drafts = slot_filling.draft_calls(names, tools, filled)
+        if verify and drafts:
+            verified = await self.verify(prompt, request, mode, names, drafts)
+            if verified:
+                return [verified]
+        return [[d] for d in drafts]
+
+    async def _fill_all(
+        self, prompt: list[int], parameters: dict[str, Any], tails: dict[str, list[int]]
+    ) -> dict[str, Any]:
+        """Every slot in `tails` at once; the ones that did not fill are left out."""
+        values = await asyncio.gather(
+            *(self.fill(prompt + tail, parameters, k) for k, tail in tails.items()),
+            return_exceptions=True,
+        )
+        return {k: v for k, v in zip(tails, values, strict=True)
+                if not isinstance(v, BaseException)}
+
+    def _slot_tail(
+        self,
+        mode: str,
+        name: str,
+        parameters: dict[str, Any],
+        key: str,
+        before: dict[str, Any] | None = None,
+    ) -> list[int]:
+        """Tokens of the call up to argument `key`'s value, in the main model's style."""
+        space = slot_filling.slot_regex(parameters, key) is not None
+        text = slot_filling.slot_prefix(mode, name, key, space=space, before=before)
+        return list(self.engine.tokenizer.encode(text, add_special_tokens=False))
+
+    async def fill(self, prompt: list[int], parameters: dict[str, Any], key: str) -> Any:
+        """One argument's value after `prompt` (which ends at it), under its own grammar."""
         regex = slot_filling.slot_regex(parameters, key)
-        prefix = slot_filling.slot_prefix(mode, name, key, space=regex is not None)
-        tail = encode(prefix, add_special_tokens=False)
         sampling: dict[str, Any] = {
             "max_tokens": self.config.sidecar.slot_max_tokens, "temperature": 0.0
         }
@@ -122,7 +158,7 @@ class SidecarService:
             sampling["structured_regex"] = regex
         else:
             sampling["structured_json"] = slot_filling.slot_schema(parameters, key)
-        result = await self.engine.generate(prompt + tail, sampling)
+        result = await self.engine.generate(prompt, sampling)
         return slot_filling.parse_slot_value(result.text, separated=regex is not None)
 
     async def verify(
@@ -162,24 +198,28 @@ class SidecarService:
             return []
         return [PredictedCall(name=c.name, arguments=c.arguments) for c in calls]
 
-    async def choose(self, prompt: list[int], prefix: str, options: list[str]) -> int:
-        """Which continuation of `prefix` the model takes, greedily: at each token where the
-        remaining options part, the one whose token is likeliest (one forward pass each)."""
-        encode = self.engine.tokenizer.encode
-        sequences = [encode(prefix + option, add_special_tokens=False) for option in options]
-        alive = list(range(len(options)))
-        while len(alive) > 1:
-            depth = slot_filling.common_prefix_len([sequences[i] for i in alive])
-            ended = [i for i in alive if len(sequences[i]) == depth]
-            if ended:
-                return ended[0]  # an option that is a prefix of another: take the shorter
-            branch = sorted({sequences[i][depth] for i in alive})
-            scores = await self.engine.next_token_logprobs(
-                prompt + sequences[alive[0]][:depth], branch
-            )
-            best = max(branch, key=lambda t: scores[t])
-            alive = [i for i in alive if sequences[i][depth] == best]
-        return alive[0]
+    async def choose(self, head: list[int], names: list[str]) -> str:
+        """The tool the model names after `head` (which ends at the name's opening quote),
+        generated greedily under the grammar of the names as the main model's forced call
+        writes it; stopped as soon as the text written fits one name only."""
+        sampling = {
+            "max_tokens": self.config.sidecar.slot_max_tokens,
+            "temperature": 0.0,
+            "structured_regex": slot_filling.names_regex(names),
+        }
+        text = ""
+        stream = self.engine.stream(head, sampling)
+        try:
+            async for delta in stream:
+                text += delta.text
+                left = slot_filling.names_left(names, text)
+                if len(left) == 1:
+                    return left[0]
+                if delta.finished:
+                    break
+        finally:
+            await stream.aclose()  # aborts the request if it is still running
+        raise RuntimeError(f"the tool name did not resolve: {text!r}")
 
     async def predict_whole(
         self, request: ChatCompletionRequest, mode: str, started: float

@@ -16,6 +16,7 @@ Pure: builds prompts' text tails and schemas, assembles the answer; the engine l
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from app.spec.prediction import PredictedCall
@@ -24,19 +25,60 @@ from app.spec.tool_union import grammar_safe_schema
 INDENT = "    "
 
 
+SIGNATURE_PROMPT = "You are a function calling AI model. Available functions:\n{tools}"
+
+
+def signature_prompt(tools: list[dict[str, Any]]) -> str:
+    """The sidecar's system prompt: one line per tool, `name(arg: type, opt?: type) - what
+    it does`. About a third of the tokens of the main model's JSON listing, and the sidecar's
+    time is mostly the prefill of its prompt (the same model on the same kind of core); the
+    argument values come from the conversation, which the prompt keeps whole."""
+    return SIGNATURE_PROMPT.format(tools="\n".join(signature(t["function"]) for t in tools))
+
+
+def signature(function: dict[str, Any]) -> str:
+    parameters = function.get("parameters") or {}
+    required = set(parameters.get("required") or [])
+    args = ", ".join(
+        f"{key}{'' if key in required else '?'}: {type_text(schema)}"
+        for key, schema in (parameters.get("properties") or {}).items()
+    )
+    description = function.get("description")
+    return f"{function['name']}({args})" + (f" - {description}" if description else "")
+
+
+def type_text(schema: Any) -> str:
+    """A short type: the enum's values when there is one, else the JSON type."""
+    if not isinstance(schema, dict):
+        return "any"
+    if schema.get("enum"):
+        return "|".join(json.dumps(v, ensure_ascii=False) for v in schema["enum"])
+    kind = schema.get("type", "any")
+    if kind == "array" and isinstance(schema.get("items"), dict):
+        return f"array of {type_text(schema['items'])}"
+    return "|".join(kind) if isinstance(kind, list) else str(kind)
+
+
 def name_prefix(mode: str) -> str:
     """The main model's output up to the tool name (indent-4 style, the one most seen)."""
     opening = "{" if mode == "named" else "[\n{"
     return f'{opening}\n{INDENT}"name": "'
 
 
-def slot_prefix(mode: str, tool_name: str, key: str, space: bool = True) -> str:
-    """The main model's output up to the value of argument `key`. `space=False` stops before
+def slot_prefix(
+    mode: str, tool_name: str, key: str, space: bool = True, before: dict[str, Any] | None = None
+) -> str:
+    """The main model's output up to the value of argument `key`, after the arguments
+    `before` (a later wave: the values an earlier one found). `space=False` stops before
     the space after the colon: the tokenizer glues that space to the value's first token
     (` "`), and a prompt ending in a bare space token sends the model off into garbage
     strings; the value's JSON grammar then takes the space itself."""
+    written = "".join(
+        f'{INDENT * 2}"{k}": {json.dumps(v, ensure_ascii=False)},\n'
+        for k, v in (before or {}).items()
+    )
     return (
-        f'{name_prefix(mode)}{tool_name}",\n{INDENT}"arguments": {{\n{INDENT * 2}"{key}":'
+        f'{name_prefix(mode)}{tool_name}",\n{INDENT}"arguments": {{\n{written}{INDENT * 2}"{key}":'
         + (" " if space else "")
     )
 
@@ -85,6 +127,16 @@ def placeholder(schema: dict[str, Any]) -> Any:
     kind = kind[0] if isinstance(kind, list) and kind else kind
     return {"integer": 0, "number": 0, "boolean": False, "array": [], "object": {},
             "null": None}.get(str(kind), "")
+
+
+def names_regex(names: list[str]) -> str:
+    """The grammar of a tool name and its closing quote, as the forced call writes it."""
+    return "(" + "|".join(re.escape(n) for n in names) + ')"'
+
+
+def names_left(names: list[str], text: str) -> list[str]:
+    """The names a partly written name (`text`, maybe with its closing quote) can still be."""
+    return [n for n in names if (n + '"').startswith(text) or text.startswith(n + '"')]
 
 
 def common_prefix_len(sequences: list[list[int]]) -> int:

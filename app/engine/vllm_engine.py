@@ -17,8 +17,8 @@ import os
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
 from typing import Any
 
 from app.config import EngineConfig, SpeculationConfig
@@ -41,8 +41,6 @@ class StepDelta:
     time: float
     # Set on the last delta: what the proposer drafted for this request.
     speculation: RequestSpeculation | None = None
-    # Per new token, the log-probabilities asked for (`logprob_token_ids` in the sampling).
-    logprobs: list[dict[int, float]] | None = None
 
 
 @dataclass
@@ -55,7 +53,6 @@ class GenerationResult:
     ttft_ms: float
     decode_ms: float
     speculation: RequestSpeculation | None
-    logprobs: list[dict[int, float]] = field(default_factory=list)
 
     @property
     def accepted_tokens(self) -> int:
@@ -77,7 +74,6 @@ class GenerationTally:
         self.last = started
         self.finish: str | None = None
         self.speculation: RequestSpeculation | None = None
-        self.logprobs: list[dict[int, float]] = []
 
     def add(self, delta: StepDelta) -> None:
         if delta.token_ids:
@@ -89,7 +85,6 @@ class GenerationTally:
         self.text.append(delta.text)
         self.finish = delta.finish_reason or self.finish
         self.speculation = delta.speculation or self.speculation
-        self.logprobs.extend(delta.logprobs or [])
 
     def result(self) -> GenerationResult:
         first = self.first or self.last
@@ -102,7 +97,6 @@ class GenerationTally:
             ttft_ms=(first - self.started) * 1000,
             decode_ms=(self.last - first) * 1000,
             speculation=self.speculation,
-            logprobs=self.logprobs,
         )
 
 
@@ -185,6 +179,8 @@ class VllmEngine:
             "disable_log_stats": True,
             "structured_outputs_config": {"backend": "xgrammar"},
         }
+        if self.cfg.block_size is not None:
+            kwargs["block_size"] = self.cfg.block_size
         if self.cfg.kv_cache_gib < 1:
             kwargs["kv_cache_memory_bytes"] = int(self.cfg.kv_cache_gib * (1 << 30))
         if self.speculation is not None:
@@ -301,8 +297,6 @@ class VllmEngine:
             finished=bool(out.finished),
             finish_reason=completion.finish_reason,
             time=now,
-            logprobs=[{tid: lp.logprob for tid, lp in step.items()}
-                      for step in completion.logprobs] if completion.logprobs else None,
         )
         loop, q = stream
         loop.call_soon_threadsafe(q.put_nowait, delta)
@@ -318,7 +312,7 @@ class VllmEngine:
         speculate: bool = False,
         on_start: Any = None,
         realign: bool = True,
-    ) -> AsyncIterator[StepDelta]:
+    ) -> AsyncGenerator[StepDelta, None]:
         """Yield one `StepDelta` per forward pass that produced tokens for this request.
 
         `on_start(internal_request_id)` runs once the engine has the request (the id the
@@ -414,15 +408,3 @@ class VllmEngine:
         async for delta in self.stream(prompt_token_ids, sampling, speculate, on_start):
             tally.add(delta)
         return tally.result()
-
-    async def next_token_logprobs(
-        self, prompt_token_ids: list[int], token_ids: list[int]
-    ) -> dict[int, float]:
-        """Log-probabilities of `token_ids` as the next token after the prompt: one forward
-        pass (the prompt's prefix comes from the cache), whatever the grammar would allow."""
-        result = await self.generate(
-            prompt_token_ids,
-            {"max_tokens": 1, "temperature": 0.0, "logprob_token_ids": sorted(set(token_ids))},
-        )
-        scores = result.logprobs[0] if result.logprobs else {}
-        return {t: scores.get(t, float("-inf")) for t in token_ids}

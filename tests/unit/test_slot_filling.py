@@ -48,3 +48,30 @@ def test_numeric_slots_end_at_the_separator() -> None:
     assert sf.parse_slot_value(' "Paris"') == "Paris"
     assert sf.parse_slot_value('{"a": 1}') == {"a": 1}
     assert sf.slot_prefix("required", "f", "city", space=False).endswith('"city":')
+
+
+def test_names_regex_and_the_names_a_partial_name_can_still_be() -> None:
+    names = ["get", "get_all", "put-item"]
+    assert sf.names_regex(names) == r'(get|get_all|put\-item)"'
+    assert sf.names_left(names, "ge") == ["get", "get_all"]
+    assert sf.names_left(names, 'get"') == ["get"]  # a name that prefixes another, closed
+    assert sf.names_left(names, "get_") == ["get_all"]
+    assert sf.names_left(names, "x") == []
+
+
+def test_signature_prompt_lists_typed_arguments_with_the_optional_ones_marked() -> None:
+    text = sf.signature_prompt([{"type": "function", "function": {
+        "name": "weather", "description": "Forecast", "parameters": PARAMS}}, {
+        "type": "function", "function": {"name": "noop"}}])
+    assert text.endswith(
+        '\nweather(city: string, unit?: "c"|"f", days: integer, detail?: boolean) - Forecast'
+        "\nnoop()"
+    )
+    assert sf.type_text({"type": "array", "items": {"type": "number"}}) == "array of number"
+    assert sf.type_text({"type": ["string", "null"]}) == "string|null"
+
+
+def test_slot_prefix_after_the_values_an_earlier_wave_found() -> None:
+    assert sf.slot_prefix("named", "gcd", "b", before={"a": 40}) == (
+        '{\n    "name": "gcd",\n    "arguments": {\n        "a": 40,\n        "b": '
+    )

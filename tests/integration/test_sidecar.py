@@ -1,0 +1,67 @@
+"""The slot-filling sidecar on the real engine: the tool it picks is the one the grammar-
+constrained greedy generation of the name writes, and every prediction is a call of an offered
+tool whose arguments fit its schema."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+
+from app.api.openai_models import ChatCompletionRequest
+from app.config import AppConfig, SidecarConfig
+from app.engine import slot_filling
+from app.engine.sidecar import SidecarService
+from app.spec.validation import validate_arguments
+from tests.integration.test_lossless import PROMPTS, TOOLS
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def sidecar() -> Iterator[SidecarService]:
+    service = SidecarService(AppConfig(sidecar=SidecarConfig(waves=2)))
+    service.start()
+    yield service
+    service.engine.stop()
+
+
+def request(prompt: str, tool_choice: object = "required") -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate({
+        "model": "m", "messages": [{"role": "user", "content": prompt}],
+        "tools": TOOLS, "tool_choice": tool_choice, "temperature": 0,
+    })
+
+
+def test_choose_stops_early_on_the_name_the_constrained_generation_writes(
+    sidecar: SidecarService,
+) -> None:
+    names = [t["function"]["name"] for t in TOOLS]
+    encode = sidecar.engine.tokenizer.encode
+    for prompt in PROMPTS[:4]:
+        head = sidecar.slot_prompt(request(prompt)) + encode(
+            slot_filling.name_prefix("required"), add_special_tokens=False
+        )
+        chosen = asyncio.run(sidecar.choose(head, names))
+        written = asyncio.run(sidecar.engine.generate(head, {
+            "max_tokens": 48, "temperature": 0.0,
+            "structured_regex": slot_filling.names_regex(names),
+        }))
+        assert written.text == chosen + '"', prompt
+
+
+@pytest.mark.parametrize("prompt", [PROMPTS[0], PROMPTS[2], PROMPTS[4]])
+def test_predictions_are_calls_of_offered_tools_that_fit_their_schema(
+    sidecar: SidecarService, prompt: str
+) -> None:
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    prediction = asyncio.run(sidecar.predict(request(prompt)))
+    assert prediction.error is None and prediction.candidates
+    for [call] in prediction.candidates:
+        assert call.name in schemas
+        assert validate_arguments(call.arguments, schemas[call.name]) == []
+    # Named: that tool's call, whatever the question asks.
+    named = {"type": "function", "function": {"name": "search_flights"}}
+    prediction = asyncio.run(sidecar.predict(request(prompt, named)))
+    assert {c.name for [c] in prediction.candidates} == {"search_flights"}
