@@ -1,9 +1,12 @@
 """The sidecar: predicts the tool invocation with a small model, beside the main model.
 
 Two modes (config `sidecar.mode`):
-- `slots` (default, forced calls): fill every argument slot in parallel while the tool is
-  chosen (see `slot_filling.py`); with `sidecar.verify`, one more drafted pass over the call
-  they make;
+- `slots` (default, forced calls): the tool is chosen first when there is a choice (its name
+  written under the names' grammar, as the main model writes it, stopped once only one name
+  fits), then every argument of that tool is filled in parallel (see `slot_filling.py`), from a
+  short signature prompt (`sidecar.prompt`); with `sidecar.waves` > 1 the arguments are filled
+  again after the values found before them; with `sidecar.verify`, one more drafted pass over
+  the call they make;
 - `whole`: one generation of the whole invocation constrained to the union over the request's
   tools (plus "no call" when the model may answer without a call); also used for `auto` and for
   parallel calls, which slot filling does not predict.

@@ -4,8 +4,10 @@ Instead of writing the whole invocation (as slow as the main model when both are
 sidecar predicts every argument as its own short generation, all submitted together so the
 engine batches them and shares the prompt prefix. Each slot's prompt continues the invocation
 in the main model's own style, and each slot ends by its own grammar (the JSON value of that
-argument), so no slot rambles. Beside the slots the tool is chosen by scoring the names where
-they part (`common_prefix_len`), one pass each, instead of generating the name. The calls the
+argument), so no slot rambles. The tool is chosen before, by generating its name under the
+names' grammar (`names_regex`, `names_left`). The prompt lists the tools as one-line signatures
+(`signature_prompt`): the sidecar's time is mostly its prompt's prefill. A later wave fills
+each argument again after the values found before it (`slot_prefix(before=...)`). The calls the
 slots make (`draft_calls`) are the prediction; optionally (`sidecar.verify`) they draft one
 verifying pass of the whole call, which fixes the values that depend on each other and keeps
 the optional keys the model writes.
