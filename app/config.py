@@ -159,15 +159,15 @@ class SidecarConfig(_Strict):
     deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
     mode: Literal["slots", "whole"] = Field(
         "slots",
-        description="'slots': pick the tool, then predict every required argument as its own "
+        description="'slots': pick the tool, then predict every argument as its own "
         "short constrained generation, all batched (fast; the default). 'whole': one "
         "constrained generation of the whole invocation (pays off with a larger sidecar).",
     )
     prompt: Literal["signatures", "full"] = Field(
         "signatures",
         description="'slots' mode: the sidecar's prompt. 'signatures': one line per tool "
-        "(name, typed arguments, description) - a third of the tokens, and the sidecar's time "
-        "is mostly its prompt's prefill; 'full': the main model's own prompt.",
+        "(name, typed arguments, description) - under a third of the tokens, and the sidecar's "
+        "time is mostly its prompt's prefill; 'full': the main model's own prompt.",
     )
     waves: int = Field(
         1, ge=1, le=4,

@@ -32,9 +32,10 @@ SIGNATURE_PROMPT = "You are a function calling AI model. Available functions:\n{
 
 def signature_prompt(tools: list[dict[str, Any]]) -> str:
     """The sidecar's system prompt: one line per tool, `name(arg: type, opt?: type) - what
-    it does`. About a third of the tokens of the main model's JSON listing, and the sidecar's
-    time is mostly the prefill of its prompt (the same model on the same kind of core); the
-    argument values come from the conversation, which the prompt keeps whole."""
+    it does`. Under a third of the tokens of the main model's JSON listing (median 29% on
+    BFCL `simple_python` and `multiple`), and the sidecar's time is mostly the prefill of its
+    prompt (the same model on the same kind of core); the argument values come from the
+    conversation, which the prompt keeps whole."""
     return SIGNATURE_PROMPT.format(tools="\n".join(signature(t["function"]) for t in tools))
 
 
