@@ -169,6 +169,12 @@ class SidecarConfig(_Strict):
         "(name, typed arguments, description) - under a third of the tokens, and the sidecar's "
         "time is mostly its prompt's prefill; 'full': the main model's own prompt.",
     )
+    refill_repeats: bool = Field(
+        True,
+        description="'slots' mode: an argument whose value equals an earlier one's (most often "
+        "copied from it: the second of two numbers) is filled again after the values before "
+        "it; one more slot pass, on those calls only.",
+    )
     waves: int = Field(
         1, ge=1, le=4,
         description="'slots' mode: wave n fills every argument after the first again, with "

@@ -108,17 +108,14 @@ class SidecarService:
             {"max_tokens": 1, "temperature": 0.0},
         )
         values = await self._fill_all(prompt, parameters, tails)
-        required = set(parameters.get("required") or [])
+        if self.config.sidecar.refill_repeats:
+            # A value equal to an earlier argument's is most often copied from it (the second
+            # of two numbers): that argument again, after the values before it.
+            repeats = slot_filling.repeated(keys, values)
+            if repeats:
+                values |= await self._refill(prompt, mode, name, parameters, values, repeats)
         for _ in range(self.config.sidecar.waves - 1):
-            # Each key again after the required values found before it (a value often depends
-            # on the ones the model wrote first: the second of two numbers, a sign).
-            befores = {k: {b: values[b] for b in keys[:i] if b in required and b in values}
-                       for i, k in enumerate(keys)}
-            tails = {k: self._slot_tail(mode, name, parameters, k, before)
-                     for k, before in befores.items() if before}
-            if not tails:
-                break
-            values |= await self._fill_all(prompt, parameters, tails)
+            values |= await self._refill(prompt, mode, name, parameters, values, keys)
         filled = {(name, k): v for k, v in values.items()}
         drafts = slot_filling.draft_calls(names, tools, filled)
         if verify and drafts:
@@ -126,6 +123,26 @@ class SidecarService:
             if verified:
                 return [verified]
         return [[d] for d in drafts]
+
+    async def _refill(
+        self,
+        prompt: list[int],
+        mode: str,
+        name: str,
+        parameters: dict[str, Any],
+        values: dict[str, Any],
+        again: list[str],
+    ) -> dict[str, Any]:
+        """The arguments `again`, each after the required values found before it in schema
+        order (a value often depends on the ones the model wrote first)."""
+        keys = slot_filling.slots(parameters)
+        required = set(parameters.get("required") or [])
+        tails = {}
+        for k in again:
+            before = {b: values[b] for b in keys[: keys.index(k)] if b in required and b in values}
+            if before:
+                tails[k] = self._slot_tail(mode, name, parameters, k, before)
+        return await self._fill_all(prompt, parameters, tails) if tails else {}
 
     async def _fill_all(
         self, prompt: list[int], parameters: dict[str, Any], tails: dict[str, list[int]]

@@ -132,6 +132,20 @@ def placeholder(schema: dict[str, Any]) -> Any:
             "null": None}.get(str(kind), "")
 
 
+def repeated(keys: list[str], values: dict[str, Any]) -> list[str]:
+    """Keys whose value (a number or a non-empty string) equals an earlier key's value."""
+    seen: list[Any] = []
+    out: list[str] = []
+    for key in keys:
+        value = values.get(key)
+        if isinstance(value, bool) or not isinstance(value, int | float | str) or value == "":
+            continue
+        if any(type(v) is type(value) and v == value for v in seen):
+            out.append(key)
+        seen.append(value)
+    return out
+
+
 def names_regex(names: list[str]) -> str:
     """The grammar of a tool name and its closing quote, as the forced call writes it."""
     return "(" + "|".join(re.escape(n) for n in names) + ')"'
@@ -191,4 +205,10 @@ def slot_schema(parameters: dict[str, Any], key: str) -> dict[str, Any]:
     if defs and ("$ref" in str(schema)):
         schema = {**schema, "$defs": defs}
     safe = grammar_safe_schema(schema)
-    return safe if safe else {"type": ["string", "number", "integer", "boolean", "null"]}
+    if not safe:
+        return {"type": ["string", "number", "integer", "boolean", "null"]}
+    if safe.get("type") == "string" and not {"enum", "const", "pattern", "minLength"} & set(safe):
+        # Given only the key, a small model often closes the string at once; the main model,
+        # which has written the call up to here, almost never writes an empty one.
+        safe = {**safe, "minLength": 1}
+    return safe

@@ -75,3 +75,19 @@ def test_slot_prefix_after_the_values_an_earlier_wave_found() -> None:
     assert sf.slot_prefix("named", "gcd", "b", before={"a": 40}) == (
         '{\n    "name": "gcd",\n    "arguments": {\n        "a": 40,\n        "b": '
     )
+
+
+def test_repeated_values_are_the_ones_equal_to_an_earlier_argument() -> None:
+    keys = ["a", "b", "c", "d", "e"]
+    assert sf.repeated(keys, {"a": 40, "b": 40, "c": "x", "d": "x", "e": 40}) == ["b", "d", "e"]
+    # Booleans, empty strings, containers and an int equal to a float are not copies.
+    assert sf.repeated(keys, {"a": True, "b": True, "c": "", "d": "", "e": 1.0}) == []
+    assert sf.repeated(["a", "b"], {"a": 1, "b": 1.0}) == []
+    assert sf.repeated(["a", "b"], {"a": [1], "b": [1]}) == []
+
+
+def test_free_string_slots_are_not_empty() -> None:
+    assert sf.slot_schema(PARAMS, "city") == {"type": "string", "minLength": 1}
+    assert sf.slot_schema(PARAMS, "unit") == {"type": "string", "enum": ["c", "f"]}
+    pattern = {"properties": {"code": {"type": "string", "pattern": "^[A-Z]+$"}}}
+    assert "minLength" not in sf.slot_schema(pattern, "code")
