@@ -4,9 +4,10 @@ Two modes (config `sidecar.mode`):
 - `slots` (default, forced calls): the tool is chosen first when there is a choice (its name
   written under the names' grammar, as the main model writes it, stopped once only one name
   fits), then every argument of that tool is filled in parallel (see `slot_filling.py`), from a
-  short signature prompt (`sidecar.prompt`); with `sidecar.waves` > 1 the arguments are filled
-  again after the values found before them; with `sidecar.verify`, one more drafted pass over
-  the call they make;
+  short signature prompt (`sidecar.prompt`); an argument whose value repeats an earlier one's
+  (`sidecar.refill_repeats`), or every argument (`sidecar.waves` > 1), is filled again after
+  the values found before it; with `sidecar.verify`, one more drafted pass over the call they
+  make;
 - `whole`: one generation of the whole invocation constrained to the union over the request's
   tools (plus "no call" when the model may answer without a call); also used for `auto` and for
   parallel calls, which slot filling does not predict.
