@@ -30,6 +30,7 @@ from app.engine.tool_format import (
     parse_forced,
     prepare_messages,
     render_forced_variants,
+    with_system_text,
 )
 from app.engine.vllm_engine import VllmEngine
 from app.spec.prediction import PredictedCall, Prediction
@@ -55,12 +56,9 @@ class SidecarService:
         if self.config.sidecar.prompt == "full":
             return self.prompt(request, tools)
         messages = prepare_messages(request.message_dicts(), None)
-        system = slot_filling.signature_prompt(tools)
-        if messages and messages[0]["role"] == "system":
-            messages[0] = {"role": "system", "content": messages[0]["content"] + "\n\n" + system}
-        else:
-            messages.insert(0, {"role": "system", "content": system})
-        return self.engine.chat_prompt_ids(messages)
+        return self.engine.chat_prompt_ids(
+            with_system_text(messages, slot_filling.signature_prompt(tools))
+        )
 
     async def predict(self, request: ChatCompletionRequest) -> Prediction:
         started = time.perf_counter()

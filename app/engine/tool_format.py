@@ -74,13 +74,15 @@ def prepare_messages(
             role = "user"
             content = f"<tool_response>\n{content}\n</tool_response>"
         out.append({"role": role, "content": content})
-    if tools:
-        prompt = tool_system_prompt(tools)
-        if out and out[0]["role"] == "system":
-            out[0] = {"role": "system", "content": out[0]["content"] + "\n\n" + prompt}
-        else:
-            out.insert(0, {"role": "system", "content": prompt})
-    return out
+    return with_system_text(out, tool_system_prompt(tools)) if tools else out
+
+
+def with_system_text(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
+    """`messages` with `text` after the system message's own (or as the system message)."""
+    if messages and messages[0]["role"] == "system":
+        first = {"role": "system", "content": messages[0]["content"] + "\n\n" + text}
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
 
 
 def _text(content: Any) -> str:
