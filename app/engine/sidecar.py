@@ -90,10 +90,10 @@ class SidecarService:
         tools = {t.function.name: t.function.parameters for t in request.tools or []}
         names = [request.named_tool] if mode == "named" and request.named_tool else list(tools)
         encode = self.engine.tokenizer.encode
+        name = names[0]
         if len(names) > 1:
             head = prompt + encode(slot_filling.name_prefix(mode), add_special_tokens=False)
-            names = [await self.choose(head, names)]
-        name = names[0]
+            name = await self.choose(head, names)
         parameters = tools[name] or {}
         keys = slot_filling.slots(parameters)
         tails = {k: self._slot_tail(mode, name, parameters, k) for k in keys}
@@ -115,10 +115,9 @@ class SidecarService:
                 values |= await self._refill(prompt, mode, name, parameters, values, repeats)
         for _ in range(self.config.sidecar.waves - 1):
             values |= await self._refill(prompt, mode, name, parameters, values, keys)
-        filled = {(name, k): v for k, v in values.items()}
-        drafts = slot_filling.draft_calls(names, tools, filled)
-        if verify and drafts:
-            verified = await self.verify(prompt, request, mode, names, drafts)
+        drafts = slot_filling.draft_calls(name, parameters, values)
+        if verify:
+            verified = await self.verify(prompt, request, mode, name, drafts)
             if verified:
                 return [verified]
         return [[d] for d in drafts]
@@ -185,14 +184,14 @@ class SidecarService:
         prompt: list[int],
         request: ChatCompletionRequest,
         mode: str,
-        names: list[str],
+        name: str,
         drafts: list[PredictedCall],
     ) -> list[PredictedCall]:
-        """The sidecar model's own greedy call among `names`, drafted from the slot values the
+        """The sidecar model's own greedy call of tool `name`, drafted from the slot values the
         way the main model is drafted: where a value depends on the others (the second of two
         numbers, a sign) or an optional key comes or not, the verifying pass writes its own
         and picks the draft up again at the next key. A right draft takes a few passes."""
-        offered = [t for t in request.tool_dicts() if t["function"]["name"] in names]
+        offered = [t for t in request.tool_dicts() if t["function"]["name"] == name]
         named = request.named_tool if mode == "named" else None
         texts: list[str] = []
         for draft in drafts:

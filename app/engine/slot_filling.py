@@ -96,29 +96,24 @@ def slots(parameters: dict[str, Any], optional: bool = True) -> list[str]:
 
 
 def draft_calls(
-    names: list[str],
-    tools: dict[str, dict[str, Any]],
-    filled: dict[tuple[str, str], Any],
+    name: str, parameters: dict[str, Any], filled: dict[str, Any]
 ) -> list[PredictedCall]:
-    """The calls the filled slots make, per tool: the required keys alone, then every filled
+    """The calls tool `name`'s filled slots make: the required keys alone, then every filled
     key (optional ones included) when there are optional ones. A required slot left unfilled
     (cut short by its budget) gets a placeholder of its type. Drafts, not answers: the
     verifying pass writes its own value where a draft's is wrong, and keeps the optional keys
     the model does write."""
-    drafts: list[PredictedCall] = []
-    for name in names:
-        parameters = tools[name] or {}
-        required = set(parameters.get("required") or [])
-        properties = parameters.get("properties") or {}
-        arguments = {
-            k: filled[(name, k)] if (name, k) in filled else placeholder(properties[k])
-            for k in slots(parameters) if (name, k) in filled or k in required
-        }
-        # The required keys alone first: the call the main model most often writes.
-        bare = {k: v for k, v in arguments.items() if k in required}
-        drafts.append(PredictedCall(name=name, arguments=bare))
-        if bare != arguments:
-            drafts.append(PredictedCall(name=name, arguments=arguments))
+    required = set(parameters.get("required") or [])
+    properties = parameters.get("properties") or {}
+    arguments = {
+        k: filled[k] if k in filled else placeholder(properties[k])
+        for k in slots(parameters) if k in filled or k in required
+    }
+    # The required keys alone first: the call the main model most often writes.
+    bare = {k: v for k, v in arguments.items() if k in required}
+    drafts = [PredictedCall(name=name, arguments=bare)]
+    if bare != arguments:
+        drafts.append(PredictedCall(name=name, arguments=arguments))
     return drafts
 
 

@@ -65,3 +65,13 @@ def test_predictions_are_calls_of_offered_tools_that_fit_their_schema(
     named = {"type": "function", "function": {"name": "search_flights"}}
     prediction = asyncio.run(sidecar.predict(request(prompt, named)))
     assert {c.name for [c] in prediction.candidates} == {"search_flights"}
+
+
+def test_the_verifying_pass_answers_one_call_of_the_chosen_tool(sidecar: SidecarService) -> None:
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    checked = request(PROMPTS[2])
+    checked.ooo_spec.verify_prediction = True
+    prediction = asyncio.run(sidecar.predict(checked))
+    assert prediction.error is None
+    [[call]] = prediction.candidates
+    assert validate_arguments(call.arguments, schemas[call.name]) == []

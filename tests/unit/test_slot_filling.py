@@ -18,16 +18,16 @@ def test_slots_all_or_required_in_schema_order() -> None:
 
 
 def test_draft_calls_with_and_without_optional_keys() -> None:
-    tools = {"weather": PARAMS, "noop": {"type": "object", "properties": {}}}
-    filled = {("weather", "city"): "Paris", ("weather", "days"): 3, ("weather", "unit"): "c"}
-    drafts = sf.draft_calls(["weather", "noop"], tools, filled)
+    filled = {"city": "Paris", "days": 3, "unit": "c"}
+    drafts = sf.draft_calls("weather", PARAMS, filled)
+    drafts += sf.draft_calls("noop", {"type": "object", "properties": {}}, {})
     assert [(d.name, d.arguments) for d in drafts] == [
         ("weather", {"city": "Paris", "days": 3}),
         ("weather", {"city": "Paris", "unit": "c", "days": 3}),
         ("noop", {}),
     ]
     # A required slot that failed: a placeholder of its type keeps the keys drafting.
-    [draft] = sf.draft_calls(["weather"], tools, {("weather", "city"): "Paris"})
+    [draft] = sf.draft_calls("weather", PARAMS, {"city": "Paris"})
     assert draft.arguments == {"city": "Paris", "days": 0}
     assert sf.placeholder({"type": ["string", "null"]}) == ""
     assert sf.placeholder({"enum": ["c", "f"]}) == "c"
