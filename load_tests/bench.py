@@ -55,6 +55,7 @@ PEER = "ngram"
 AGENT_SOURCE = "agent"
 SIDECAR = "sidecar"
 SIDECAR_VERIFY = "sidecar+verify"
+DRAFTS = "drafts"
 Case = BfclCase | AgentCase
 PARALLEL_CATEGORIES = frozenset(c for c in SUPPORTED_CATEGORIES if "parallel" in c)
 
@@ -98,6 +99,9 @@ register_mode(PEER, {"ooo_spec": {"enabled": False, "baseline": "ngram"}},
               "vLLM's own n-gram (prompt lookup) speculation on the second main engine")
 register_mode("ooo", {"ooo_spec": {"enabled": True, "pre_execute": False}},
               "out-of-order semantic speculation, no tool pre-execution")
+# What the sidecar adds: the same drafting from the tool schemas and prompt lookup, no sidecar.
+register_mode(DRAFTS, {"ooo_spec": {"enabled": True, "pre_execute": False, "sidecar": False}},
+              "speculation without the sidecar: schema drafts and prompt lookup only")
 register_mode("ooo+tools", {"ooo_spec": {"enabled": True, "pre_execute": True}},
               "speculation plus pre-execution of predicted server-known tools",
               sources=[AGENT_SOURCE])

@@ -165,6 +165,7 @@ class ChatService:
         return (
             self.sidecar_enabled
             and request.ooo_spec.enabled
+            and request.ooo_spec.sidecar
             and request.ooo_spec.baseline is None
             and request.effective_tool_choice != "none"
         )

@@ -75,6 +75,10 @@ class StreamOptions(_Wire):
 
 class OooSpecOptions(_Wire):
     enabled: bool = True
+    # `false`: draft from the tool schemas and prompt lookup only, without asking the sidecar
+    # (what the sidecar adds on a workload; where it does not pay, skip it). `sidecar.enabled`
+    # in the config does the same for every request.
+    sidecar: bool = True
     execute_tools: bool = False
     max_steps: int = Field(4, ge=1, le=16)
     # Can only turn pre-execution off for this request (benchmarks isolate its effect); the

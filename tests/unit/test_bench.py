@@ -74,6 +74,8 @@ def test_builtin_modes() -> None:
     # Only ooo+tools may pre-execute, and only where the server knows the tools.
     assert MODES["ooo"].extra_body == {"ooo_spec": {"enabled": True, "pre_execute": False}}
     assert MODES["ooo+tools"].extra_body == {"ooo_spec": {"enabled": True, "pre_execute": True}}
+    assert MODES["drafts"].extra_body == {
+        "ooo_spec": {"enabled": True, "pre_execute": False, "sidecar": False}}
     assert [m for m in MODES if not MODES[m].applies_to("bfcl")] == ["ooo+tools"]
     # The re-alignment and sidecar measurements are BFCL-only.
     assert [m for m in MODES if not MODES[m].applies_to("agent")] == [

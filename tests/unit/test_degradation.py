@@ -116,3 +116,30 @@ async def test_the_deadline_stops_main_and_sidecar() -> None:
     assert caught.value.code == "deadline_exceeded"
     assert calls.main_closed
     assert calls.sidecar_cancels == 1
+
+
+async def test_a_request_can_skip_the_sidecar_and_still_speculate() -> None:
+    """`ooo_spec.sidecar: false`: no sidecar call, the main call still speculates."""
+    calls = Calls(steps=2)
+    started: list[dict[str, Any]] = []
+
+    async def start_sidecar(payload: dict[str, Any]) -> SidecarStart:
+        started.append(payload)
+        return await calls.start_sidecar(payload)
+
+    seen: list[dict[str, Any]] = []
+
+    async def main_events(payload: dict[str, Any], token: Any) -> AsyncIterator[Any]:
+        seen.append(payload)
+        async for event in calls.main_events(payload, token):
+            yield event
+
+    body = request().model_dump(exclude_none=True)
+    skip = ChatCompletionRequest.model_validate({**body, "ooo_spec": {"sidecar": False}})
+    async for _ in service().events(skip, start_sidecar, main_events):
+        pass
+    assert started == [] and calls.sidecar_cancels == 0
+    assert seen and seen[0]["ooo_spec"]["enabled"] is True
+    async for _ in service().events(request(), start_sidecar, main_events):
+        pass
+    assert len(started) == 1
