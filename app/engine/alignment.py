@@ -80,10 +80,19 @@ def best_position(
     output continues there. Ties go to the first candidate; None when none agrees.
 
     `realign=False`: prefixes only (to measure what re-alignment is worth)."""
+    if not generated:  # every candidate agrees with nothing written yet: the first wins
+        return (0, 0) if candidates else None
     best: tuple[int, int] | None = None
     best_size = 0
     min_overlap = MIN_OVERLAP_CHARS if realign else None
+    # Any match needs the candidate to start with the output or to hold its last
+    # `min_overlap` characters: one C-level test skips most candidates (this runs per row on
+    # the engine's step thread whenever a row has lost its place).
+    tail = generated[-MIN_OVERLAP_CHARS:] if realign and len(generated) >= MIN_OVERLAP_CHARS \
+        else None
     for index, candidate in enumerate(candidates):
+        if (tail is None or tail not in candidate) and not candidate.startswith(generated):
+            continue
         found = candidate_match(generated, candidate, min_overlap)
         if found is not None and (best is None or found[1] > best_size):
             best, best_size = (index, found[0]), found[1]

@@ -67,6 +67,7 @@ class CandidateProposer:
         # per-call overhead was most of the proposer's time at large batches.
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
         self.tokenized = TokenizedCandidates(self._tokenize, self._encode)
+        store.prepare = self.tokenized.warm
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """Nothing to load: drafts come from candidates, not from a draft model."""
@@ -134,6 +135,8 @@ class CandidateProposer:
     def _forget_finished(self, seen: set[str]) -> None:
         """Drop what is kept for requests the store no longer holds (finished, aborted)."""
         assert self.store is not None
+        if len(self.tracked) == len(seen):  # every tracked request ran this step
+            return
         for req_id in [r for r in self.tracked if r not in seen and self.store.get(r) is None]:
             del self.tracked[req_id]
 
@@ -144,8 +147,10 @@ class CandidateProposer:
 
     def _decode(self, ids: Any) -> str:
         # No clean-up of spaces: text decoded step by step must equal text decoded whole.
+        if isinstance(ids, np.ndarray):
+            ids = ids.tolist()  # plain ints: far cheaper to hand to the tokenizer
         if self._backend is not None:
-            return str(self._backend.decode(list(ids), skip_special_tokens=False))
+            return str(self._backend.decode(ids, skip_special_tokens=False))
         return str(self.tokenizer.decode(ids, skip_special_tokens=False,
                                          clean_up_tokenization_spaces=False))
 

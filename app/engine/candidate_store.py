@@ -8,6 +8,7 @@ internal request id, which is also what the model runner's batch rows carry.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -30,6 +31,9 @@ class CandidateStore:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._requests: dict[str, RequestSpeculation] = {}
+        # Set by the proposer when it binds: readies candidate texts for drafting on the
+        # thread that adds them, not on the engine's step thread.
+        self.prepare: Callable[[list[str]], None] | None = None
 
     def open(self, request_id: str, enabled: bool, realign: bool = True) -> None:
         with self._lock:
@@ -37,6 +41,8 @@ class CandidateStore:
 
     def add_candidates(self, request_id: str, candidates: list[str]) -> bool:
         """Attach candidates; False when the request is already gone (finished/aborted)."""
+        if self.prepare is not None:
+            self.prepare(candidates)
         with self._lock:
             entry = self._requests.get(request_id)
             if entry is None:

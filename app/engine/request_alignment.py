@@ -23,6 +23,7 @@ tokens from offset 6 follow.
 
 from __future__ import annotations
 
+import threading
 from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -64,40 +65,52 @@ class TokenizedCandidate:
         not where a tokenizer trims spaces off its offsets: None, ask `from_pieces`)."""
         if not offsets or offsets[0][0] != 0 or offsets[-1][1] != len(text):
             return None
-        if any(offsets[i][1] != offsets[i + 1][0] for i in range(len(offsets) - 1)):
+        starts = [start for start, _ in offsets]
+        if starts[1:] != [end for _, end in offsets[:-1]]:
             return None
-        return cls(ids, [start for start, _ in offsets])
+        return cls(ids, starts)
 
 
 class TokenizedCandidates:
     """Candidate texts tokenized once, least recently used dropped past `capacity`.
 
-    Schema placeholders repeat across requests with the same tools; a sidecar prediction is
-    tokenized once per request instead of once per step."""
+    `warm` runs on the thread that hands candidates to the store (the replica's serving
+    thread): the Rust tokenizer releases the GIL, so the engine's step thread finds the texts
+    ready instead of tokenizing them between two steps. Schema placeholders repeat across
+    requests with the same tools and are tokenized once for all of them."""
 
     def __init__(self, tokenize: Callable[[str], TokenizedCandidate], encode: Encode,
                  capacity: int = 4096) -> None:
         self._tokenize = tokenize
         self._encode = encode
         self._capacity = capacity
+        self._lock = threading.Lock()
         self._texts: OrderedDict[str, TokenizedCandidate] = OrderedDict()
         self._pieces: OrderedDict[str, list[int]] = OrderedDict()
 
+    def warm(self, texts: Sequence[str]) -> None:
+        for text in texts:
+            self.get(text)
+
     def get(self, text: str) -> TokenizedCandidate:
-        found = self._texts.get(text)
-        if found is not None:
-            self._texts.move_to_end(text)
-            return found
-        found = self._tokenize(text)
-        self._remember(self._texts, text, found)
+        with self._lock:
+            found = self._texts.get(text)
+            if found is not None:
+                self._texts.move_to_end(text)
+                return found
+        found = self._tokenize(text)  # outside the lock: another thread may do it too
+        with self._lock:
+            self._remember(self._texts, text, found)
         return found
 
     def encode_piece(self, piece: str) -> list[int]:
         """A short piece of text (the rest of a token the model split otherwise), cached."""
-        found = self._pieces.get(piece)
+        with self._lock:
+            found = self._pieces.get(piece)
         if found is None:
             found = self._encode(piece)
-            self._remember(self._pieces, piece, found)
+            with self._lock:
+                self._remember(self._pieces, piece, found)
         return found
 
     def draft(self, text: str, position: int, k: int) -> list[int]:

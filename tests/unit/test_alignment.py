@@ -122,3 +122,17 @@ def test_realign_off_keeps_only_prefixes() -> None:
     assert best_position(generated, [candidate], realign=False) is None
     assert best_position(generated, [candidate]) == (0, len(candidate) - 3)
     assert best_position('{"name": "f"', [candidate], realign=False) == (0, 12)
+
+
+@given(st.text(alphabet='ab{}": ,', max_size=30),
+       st.lists(st.text(alphabet='ab{}": ,', max_size=30), max_size=5), st.booleans())
+def test_best_position_is_the_longest_match_first_wins(
+    generated: str, candidates: list[str], realign: bool
+) -> None:
+    """The quick skip of candidates that cannot match changes nothing."""
+    best, best_size = None, 0
+    for index, candidate in enumerate(candidates):
+        found = candidate_match(generated, candidate, 8 if realign else None)
+        if found is not None and (best is None or found[1] > best_size):
+            best, best_size = (index, found[0]), found[1]
+    assert best_position(generated, candidates, realign) == best

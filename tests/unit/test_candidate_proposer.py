@@ -126,3 +126,15 @@ def test_finished_requests_are_forgotten() -> None:
     batch.store.close("r1")
     batch.step([1, 0])
     assert set(batch.proposer.tracked) == {"r0"}
+
+
+def test_candidates_are_tokenized_when_added_not_on_the_step() -> None:
+    batch = Batch([encode(CALL)])
+    batch.store.add_candidates("r0", [CALL, CALL.replace("Paris", "Rome")])
+
+    def no_tokenizing(text: str) -> Any:
+        raise AssertionError(f"tokenized on the engine step: {text!r}")
+
+    assert batch.proposer.tokenized is not None
+    batch.proposer.tokenized._tokenize = no_tokenizing
+    assert batch.step([1])[0], "drafts from the texts tokenized on arrival"
