@@ -26,6 +26,7 @@ import copy
 import importlib.util
 import json
 import math
+import os
 import re
 from collections.abc import Iterator
 from functools import cache
@@ -43,7 +44,9 @@ from app.config import AppConfig, DeploymentOptions
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 K8S = REPO_ROOT / "k8s"
-CRD_PATH = REPO_ROOT.parent / "shared" / "kuberay" / "ray.io_rayservices.yaml"
+# The KubeRay v1.7.0 RayService CRD (ray.io_rayservices.yaml from the KubeRay release) is not
+# vendored: its path comes from the environment, and the CRD checks are skipped without it.
+CRD_ENV = "OOO_SPEC_KUBERAY_CRD"
 K8S_VERSION = "1.30.0"
 IMPORT_PATH = "deployments.app:build_app"
 GPU = "nvidia.com/gpu"
@@ -189,10 +192,23 @@ _CrdValidator = jsonschema.validators.extend(
 )
 
 
+def crd_path() -> Path:
+    """The CRD file named by OOO_SPEC_KUBERAY_CRD; skips the calling test when it is unset."""
+    value = os.environ.get(CRD_ENV)
+    if not value:
+        pytest.skip(
+            f"set {CRD_ENV} to the KubeRay v1.7.0 RayService CRD (ray.io_rayservices.yaml from "
+            "https://github.com/ray-project/kuberay/tree/v1.7.0/ray-operator/config/crd/bases) "
+            "to validate the RayService against it"
+        )
+    path = Path(value)
+    assert path.is_file(), f"{CRD_ENV}={value}: no such file"
+    return path
+
+
 @cache
-def _crd_schema() -> Obj:
-    assert CRD_PATH.is_file(), f"KubeRay CRD expected at {CRD_PATH}"
-    crd = yaml.load(CRD_PATH.read_text(encoding="utf-8"), Loader=_Loader)
+def _crd_schema(path: Path) -> Obj:
+    crd = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)
     (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
     schema = _to_json_schema(version["schema"]["openAPIV3Schema"])
     _CrdValidator.check_schema(schema)
@@ -202,7 +218,7 @@ def _crd_schema() -> Obj:
 
 def validate_rayservice(obj: Obj) -> None:
     assert obj["apiVersion"] == "ray.io/v1"
-    errors = sorted(_CrdValidator(_crd_schema()).iter_errors(obj), key=lambda e: list(e.path))
+    errors = sorted(_CrdValidator(_crd_schema(crd_path())).iter_errors(obj), key=lambda e: list(e.path))
     assert not errors, "\n".join(f"{list(e.path)}: {e.message}" for e in errors[:10])
 
 
