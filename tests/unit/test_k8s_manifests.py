@@ -40,7 +40,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from app.config import AppConfig, DeploymentOptions
+from app.config import AppConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 K8S = REPO_ROOT / "k8s"
@@ -218,7 +218,8 @@ def _crd_schema(path: Path) -> Obj:
 
 def validate_rayservice(obj: Obj) -> None:
     assert obj["apiVersion"] == "ray.io/v1"
-    errors = sorted(_CrdValidator(_crd_schema(crd_path())).iter_errors(obj), key=lambda e: list(e.path))
+    validator = _CrdValidator(_crd_schema(crd_path()))
+    errors = sorted(validator.iter_errors(obj), key=lambda e: list(e.path))
     assert not errors, "\n".join(f"{list(e.path)}: {e.message}" for e in errors[:10])
 
 
@@ -278,24 +279,28 @@ def fits(wanted: dict[str, float], offered: dict[str, float]) -> bool:
     return all(offered.get(k, 0) >= v for k, v in wanted.items())
 
 
-def deployments(args: Obj) -> dict[str, DeploymentOptions]:
-    """AppConfig section -> its DeploymentOptions, for every deployment the config runs (any
-    section with a `deployment`, so a new one such as the tool workers is checked too)."""
-    config = AppConfig.model_validate(args)
-    found = {}
-    for name in type(config).model_fields:
-        section = getattr(config, name)
-        options = getattr(section, "deployment", None)
-        if isinstance(options, DeploymentOptions) and getattr(section, "enabled", True):
-            found[name] = options
-    assert {"main", "router"} <= set(found)
-    return found
+def deployments(objects: list[Obj]) -> dict[str, Obj]:
+    """Serve deployment name -> its `deployments:` entry in serveConfigV2, for every deployment
+    the app builds (`AppConfig.deployment_names`): each must have one, and no entry may name a
+    deployment the app does not build (Serve would refuse the config)."""
+    (app,) = serve_config(objects)["applications"]
+    config = AppConfig.model_validate(app["args"])
+    entries = {d["name"]: d for d in app.get("deployments", [])}
+    assert len(entries) == len(app.get("deployments", [])), "a deployment listed twice"
+    assert set(entries) == set(config.deployment_names()), sorted(entries)
+    assert {"MainModel", "Router"} <= set(entries)
+    return entries
 
 
-def pool_of(section: str) -> str:
-    """The worker group a deployment must run in: its own GPU pool for the two models, the CPU
-    pool for everything else (router, tool workers)."""
-    return {"main": "main", "sidecar": "sidecar"}.get(section, "cpu")
+def max_replicas(entry: Obj) -> int:
+    autoscaling = entry.get("autoscaling_config")
+    return int(autoscaling["max_replicas"] if autoscaling else entry.get("num_replicas", 1))
+
+
+def pool_of(deployment: str) -> str:
+    """The worker group a deployment must run in: its own GPU pool for the two models, the
+    router's own group (the only pods with the API keys), the CPU pool for the rest."""
+    return {"MainModel": "main", "Sidecar": "sidecar", "Router": "router"}.get(deployment, "cpu")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -350,7 +355,9 @@ def test_rayservice_validates_against_crd(directory: str) -> None:
 def test_other_objects_and_pod_templates_validate_with_kubernetes_schemas(directory: str) -> None:
     objects = rendered(directory)
     others = [o for o in objects if o["kind"] != "RayService"]
-    assert {o["kind"] for o in others} >= {"Deployment", "Service", "ConfigMap"}
+    assert {o["kind"] for o in others} >= {
+        "Deployment", "Service", "ConfigMap", "NetworkPolicy", "PodDisruptionBudget"
+    }
     for obj in others:
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
     # The CRD embeds its own copy of the pod schema; check the templates against Kubernetes' too.
@@ -407,22 +414,23 @@ def test_serve_config_deploys_the_app_with_valid_args(overlay: str) -> None:
     assert set(app) <= set(schema.ServeApplicationSchema.model_fields)
     assert app["import_path"] == IMPORT_PATH
     AppConfig.model_validate(app["args"])
-    # AppConfig turns `args` into deployment options itself; Serve's per-deployment override
-    # list would be a second, competing source.
-    assert "deployments" not in app
+    # How each deployment runs lives in Serve's own per-deployment entries (applied in place),
+    # one per deployment the app builds; `args` holds none of it (AppConfig refuses it).
+    deployments(rendered(overlay))
+    for entry in app["deployments"]:
+        assert set(entry) <= set(schema.DeploymentSchema.model_fields), entry["name"]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_deployment_sets_autoscaling_explicitly(overlay: str) -> None:
-    args = app_args(rendered(overlay))
-    for section in deployments(args):
-        # Read the raw YAML: a value AppConfig filled in by default is not explicit.
-        raw = args[section]["deployment"]
-        assert "max_ongoing_requests" in raw, section
-        assert "target_ongoing_requests" in raw.get("autoscaling", {}), section
+    objects = rendered(overlay)
+    for name, raw in deployments(objects).items():
+        assert "max_ongoing_requests" in raw, name
+        assert "target_ongoing_requests" in raw.get("autoscaling_config", {}), name
         # A replica never holds more than max_ongoing_requests, so a target above it could
         # never be reached and the deployment would never scale out.
-        assert raw["autoscaling"]["target_ongoing_requests"] <= raw["max_ongoing_requests"], section
+        assert raw["autoscaling_config"]["target_ongoing_requests"] <= raw["max_ongoing_requests"]
+        assert "ray_actor_options" in raw, name
 
 
 def test_local_config_has_the_same_schema() -> None:
@@ -445,9 +453,9 @@ def test_head_runs_no_workloads(overlay: str) -> None:
     assert head["rayStartParams"]["num-cpus"] == "0"
     assert not head.get("resources"), "the head must offer no custom (pool) resources"
     head_offer = offers({**head, "groupName": "head"})
-    for section, options in deployments(app_args(objects)).items():
-        wanted = demand(options.serve_options()["ray_actor_options"])
-        assert not fits(wanted, head_offer), f"{section} could be placed on the head"
+    for name, entry in deployments(objects).items():
+        wanted = demand(entry["ray_actor_options"])
+        assert not fits(wanted, head_offer), f"{name} could be placed on the head"
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -459,9 +467,9 @@ def test_each_deployment_is_pinned_to_its_pool(overlay: str) -> None:
     # Per group and resource: what all of its deployments need at their largest replica counts.
     peak: dict[str, dict[str, float]] = {name: {} for name in worker_groups}
 
-    for section, options in deployments(app_args(objects)).items():
+    for section, entry in deployments(objects).items():
         pool = pool_of(section)
-        actor = options.serve_options()["ray_actor_options"]
+        actor = entry["ray_actor_options"]
         wanted = demand(actor)
         pool_resources = set(actor.get("resources", {}))
         assert pool_resources, f"{section} requests no pool resource, so it could land anywhere"
@@ -473,7 +481,7 @@ def test_each_deployment_is_pinned_to_its_pool(overlay: str) -> None:
         fitting = [name for name, o in offered.items() if fits(wanted, o)]
         assert fitting == [pool], f"{section} fits {fitting}"
 
-        replicas = options.autoscaling.max_replicas if options.autoscaling else options.num_replicas
+        replicas = max_replicas(entry)
         for resource, amount in wanted.items():
             peak[pool][resource] = peak[pool].get(resource, 0) + replicas * amount
 
@@ -490,7 +498,8 @@ def test_each_deployment_is_pinned_to_its_pool(overlay: str) -> None:
             room = group["maxReplicas"] * offered[name].get(resource, 0)
             assert amount <= room, f"group {name}: {resource} peak {amount} > room {room}"
 
-    # A GPU pool's resource belongs to one deployment; the CPU pool is shared (router, tools).
+    # A pool's resource belongs to one deployment, but the CPU pool's (tool workers and any
+    # later CPU deployment share it).
     for resource, sections in requested_by.items():
         if pool_of(next(iter(sections))) != "cpu":
             assert len(sections) == 1, f"pool resource {resource} requested by {sorted(sections)}"
@@ -517,11 +526,9 @@ def test_gpu_groups_select_gpu_nodes(overlay: str) -> None:
 def test_gpu_overlay_puts_main_on_h100_and_sidecar_on_l4() -> None:
     objects = rendered("gpu-h100-l4")
     worker_groups = groups(the(objects, "RayService"))
-    product = "nvidia.com/gpu.product"
-    assert worker_groups["main"]["template"]["spec"]["nodeSelector"][product].startswith(
-        "NVIDIA-H100"
-    )
-    assert worker_groups["sidecar"]["template"]["spec"]["nodeSelector"][product] == "NVIDIA-L4"
+    label = "cloud.google.com/gke-accelerator"
+    assert worker_groups["main"]["template"]["spec"]["nodeSelector"] == {label: "nvidia-h100-80gb"}
+    assert worker_groups["sidecar"]["template"]["spec"]["nodeSelector"] == {label: "nvidia-l4"}
     config = AppConfig.model_validate(app_args(objects))
     assert (config.main.engine.model, config.main.engine.dtype) == ("Qwen/Qwen3-8B", "bfloat16")
     assert config.sidecar.engine.model == "Qwen/Qwen3-0.6B"
@@ -535,8 +542,8 @@ def test_cpu_dev_overlay_needs_no_gpu_and_uses_the_embedded_model() -> None:
     for engine in (config.main.engine, config.sidecar.engine):
         # float32: the precision in which speculation keeps the output identical (DESIGN.md).
         assert (engine.model, engine.dtype) == ("embedded", "float32")
-    for options in deployments(app_args(objects)).values():
-        assert not options.actor.num_gpus
+    for entry in deployments(objects).values():
+        assert not entry["ray_actor_options"].get("num_gpus")
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -567,8 +574,9 @@ def test_otel_environment_points_at_jaeger(overlay: str) -> None:
         refs = [
             e["configMapRef"]["name"] for e in container.get("envFrom", []) if "configMapRef" in e
         ]
-        assert refs, f"{where}: no OTel environment"
-        sources.update(refs)
+        otel = [r for r in refs if "OTEL_SERVICE_NAME" in the(objects, "ConfigMap", r)["data"]]
+        assert otel, f"{where}: no OTel environment"
+        sources.update(otel)
     (name,) = sources
     env = the(objects, "ConfigMap", name)["data"]
     assert env["OTEL_SERVICE_NAME"]
