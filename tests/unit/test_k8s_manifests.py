@@ -28,6 +28,8 @@ import json
 import math
 import os
 import re
+import shutil
+import subprocess
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
@@ -637,6 +639,301 @@ def test_images_are_set_and_match_the_ray_version(overlay: str) -> None:
     match = re.search(r"^ARG BASE_IMAGE=rayproject/ray:([0-9.]+)-py311-gpu$", dockerfile, re.M)
     assert match, "k8s/Dockerfile must default to the Ray GPU base image"
     assert rayservice["spec"]["rayClusterConfig"]["rayVersion"] == match.group(1)
+
+
+# ---------------------------------------------------------------------------------------------
+# production: keys, node selection, disruption, deadlines (issue #14); lockdown (issue #20)
+
+SECRET = "ooo-spec-api-keys"
+# Node labels a provisioner knows before a node exists, so it can grow an empty GPU pool for a
+# pending pod: GKE's accelerator label, Karpenter's instance label, a node group's own label.
+# (Not nvidia.com/gpu.product: GPU Feature Discovery sets it after the node has booted.)
+PROVISIONER_LABELS = {
+    "cloud.google.com/gke-accelerator",
+    "karpenter.k8s.aws/instance-gpu-name",
+    "ooo-spec.io/pool",
+}
+GPU_OVERLAY = "gpu-h100-l4"
+
+
+def pod_templates(objects: list[Obj]) -> Iterator[tuple[str, Obj]]:
+    for obj in objects:
+        if obj["kind"] == "RayService":
+            cluster = obj["spec"]["rayClusterConfig"]
+            yield "RayService/head", cluster["headGroupSpec"]["template"]
+            for group in cluster["workerGroupSpecs"]:
+                yield f"RayService/{group['groupName']}", group["template"]
+        elif obj["kind"] == "Deployment":
+            yield f"Deployment/{obj['metadata']['name']}", obj["spec"]["template"]
+
+
+def container_env(objects: list[Obj], container: Obj) -> dict[str, Any]:
+    """A container's environment: its ConfigMaps' data, then its own `env` (value or source)."""
+    env: dict[str, Any] = {}
+    for source in container.get("envFrom", []):
+        env.update(the(objects, "ConfigMap", source["configMapRef"]["name"])["data"])
+    for item in container.get("env", []):
+        env[item["name"]] = item.get("value", item.get("valueFrom"))
+    return env
+
+
+def _render_with_pool_patch(tmp_path: Path, patch: str) -> list[Obj]:
+    """The GPU overlay rendered with another gpu-pools*.yaml variant in place of the default."""
+    copy_root = tmp_path / "k8s"
+    shutil.copytree(K8S, copy_root)
+    kfile = copy_root / "overlays" / GPU_OVERLAY / "kustomization.yaml"
+    text = kfile.read_text(encoding="utf-8")
+    assert "- path: gpu-pools.yaml\n" in text
+    kfile.write_text(text.replace("- path: gpu-pools.yaml\n", f"- path: {patch}\n"), "utf-8")
+    return list(kustomize.render(copy_root / "overlays" / GPU_OVERLAY))
+
+
+POOL_VARIANTS = sorted(p.name for p in (K8S / "overlays" / GPU_OVERLAY).glob("gpu-pools*.yaml"))
+
+
+@pytest.mark.parametrize("variant", POOL_VARIANTS)
+def test_gpu_pools_use_labels_known_before_the_node_exists(tmp_path: Path, variant: str) -> None:
+    assert len(POOL_VARIANTS) == 3, POOL_VARIANTS  # GKE, Karpenter, cluster-autoscaler
+    objects = _render_with_pool_patch(tmp_path, variant)
+    worker_groups = groups(the(objects, "RayService"))
+    selectors = {}
+    for name in ("main", "sidecar"):
+        selector = worker_groups[name]["template"]["spec"]["nodeSelector"]
+        assert selector and set(selector) <= PROVISIONER_LABELS, (variant, name, selector)
+        selectors[name] = selector
+    assert selectors["main"] != selectors["sidecar"], variant
+    if os.environ.get(CRD_ENV):
+        validate_rayservice(the(objects, "RayService"))
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_only_gpu_groups_tolerate_gpu_nodes(overlay: str) -> None:
+    for where, template in pod_templates(rendered(overlay)):
+        pod = template["spec"]
+        has_gpu = any(GPU in c["resources"].get("limits", {}) for c in pod["containers"])
+        tolerates = [t for t in pod.get("tolerations", []) if t.get("key") == GPU]
+        if has_gpu:
+            assert tolerates, f"{where}: a GPU pod that cannot land on tainted GPU nodes"
+        else:
+            # GPU node pools are tainted nvidia.com/gpu:NoSchedule (k8s/README.md): without a
+            # toleration the head, router, CPU and Jaeger pods stay off them.
+            assert not pod.get("tolerations"), f"{where}: a CPU pod may take room on GPU nodes"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_api_keys_reach_the_router_pods_only_from_the_secret(overlay: str) -> None:
+    objects = rendered(overlay)
+    rayservice = the(objects, "RayService")
+    config = AppConfig.model_validate(app_args(objects))
+    # No key in the Serve config (readable through Serve's API and in the RayService) ...
+    assert not config.auth.api_keys
+    assert "api_keys" not in app_args(objects).get("auth", {})
+    variable = config.auth.api_keys_env
+    assert variable == "OOO_SPEC_API_KEYS"
+    # ... but in the environment of the router group's pods, from the Secret, not optional.
+    for where, container in all_containers(objects):
+        env = container_env(objects, container)
+        if where == "RayService/router":
+            ref = env[variable]["secretKeyRef"]
+            assert ref["name"] == SECRET and ref["key"] == "api-keys", ref
+            assert not ref.get("optional"), "without the Secret the router must not start open"
+        else:
+            assert variable not in env, f"{where} must not see the API keys"
+    # The router runs there and nowhere else; nothing else runs there.
+    entries = deployments(objects)
+    assert pool_of("Router") == "router"
+    assert set(entries["Router"]["ray_actor_options"]["resources"]) == {"router_pool"}
+    others = {n for n, e in entries.items() if n != "Router"}
+    for name in others:
+        assert "router_pool" not in e_resources(entries[name]), name
+    assert offers(groups(rayservice)["router"]).get("router_pool")
+    assert the(objects, "ConfigMap", "ooo-spec-runtime")  # no key in any ConfigMap:
+    for obj in objects:
+        if obj["kind"] == "ConfigMap":
+            assert variable not in obj["data"], obj["metadata"]["name"]
+
+
+def e_resources(entry: Obj) -> dict[str, float]:
+    resources: dict[str, float] = entry["ray_actor_options"].get("resources", {})
+    return resources
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_in_flight_requests_outlive_replacements(overlay: str) -> None:
+    """Serve drains a replaced or scaled-down replica for graceful_shutdown_timeout_s, and the
+    old cluster of an upgrade stays rayClusterDeletionDelaySeconds after the switch: both at
+    least as long as a request may run."""
+    objects = rendered(overlay)
+    config = AppConfig.model_validate(app_args(objects))
+    deadline = config.router.request_timeout_s
+    entries = deployments(objects)
+    for name in ("Router", "MainModel"):
+        assert entries[name]["graceful_shutdown_timeout_s"] >= deadline, name
+    if "Sidecar" in entries:
+        sidecar_deadline = config.speculation.sidecar_timeout_s
+        assert entries["Sidecar"]["graceful_shutdown_timeout_s"] >= sidecar_deadline
+    for name, entry in entries.items():
+        assert "graceful_shutdown_timeout_s" in entry, name
+    spec = the(objects, "RayService")["spec"]
+    assert spec["rayClusterDeletionDelaySeconds"] >= deadline
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_ray_pods_are_not_disrupted_mid_request(overlay: str) -> None:
+    objects = rendered(overlay)
+    for where, template in pod_templates(objects):
+        if not where.startswith("RayService/"):
+            continue
+        annotations = template["metadata"].get("annotations", {})
+        assert annotations.get("karpenter.sh/do-not-disrupt") == "true", where
+        assert annotations.get("cluster-autoscaler.kubernetes.io/safe-to-evict") == "false", where
+    (budget,) = [o for o in objects if o["kind"] == "PodDisruptionBudget"]
+    head = the(objects, "RayService")["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]
+    assert budget["spec"]["selector"]["matchLabels"].items() <= head["metadata"]["labels"].items()
+    assert budget["spec"]["maxUnavailable"] == 0
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_ray_containers_stay_offline_with_ephemeral_storage(overlay: str) -> None:
+    objects = rendered(overlay)
+    for where, container in ray_containers(the(objects, "RayService")):
+        env = container_env(objects, container)
+        assert env.get("HF_HUB_OFFLINE") == "1", where
+        resources = container["resources"]
+        assert quantity(resources["requests"]["ephemeral-storage"]) >= 2**30, where
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_pods_and_containers_are_locked_down(overlay: str) -> None:
+    objects = rendered(overlay)
+    for where, template in pod_templates(objects):
+        pod = template["spec"]
+        assert pod.get("automountServiceAccountToken") is False, f"{where}: token mounted"
+        context = pod["securityContext"]
+        assert context["runAsNonRoot"] is True and context["runAsUser"] > 0, where
+        assert context["seccompProfile"] == {"type": "RuntimeDefault"}, where
+        empty_dirs = {v["name"] for v in pod.get("volumes", []) if "emptyDir" in v}
+        for container in pod["containers"]:
+            c = container["securityContext"]
+            assert c["allowPrivilegeEscalation"] is False, where
+            assert c["capabilities"]["drop"] == ["ALL"] and not c["capabilities"].get("add")
+            assert c["readOnlyRootFilesystem"] is True, where
+            # Writable scratch: /tmp from an emptyDir (Ray's session dir, the caches).
+            mounts = {m["mountPath"]: m["name"] for m in container.get("volumeMounts", [])}
+            assert mounts.get("/tmp") in empty_dirs, f"{where}: no writable /tmp"
+    # The one token: the head's autoscaler sidecar resizes the cluster through the API server.
+    cluster = the(objects, "RayService")["spec"]["rayClusterConfig"]
+    autoscaler = cluster["autoscalerOptions"]
+    (mount,) = autoscaler["volumeMounts"]
+    assert mount["mountPath"] == "/var/run/secrets/kubernetes.io/serviceaccount"
+    head_volumes = {v["name"]: v for v in cluster["headGroupSpec"]["template"]["spec"]["volumes"]}
+    sources = head_volumes[mount["name"]]["projected"]["sources"]
+    assert any("serviceAccountToken" in source for source in sources)
+    assert autoscaler["securityContext"]["allowPrivilegeEscalation"] is False
+    for _, container in ray_containers(the(objects, "RayService")):
+        names = {m["name"] for m in container.get("volumeMounts", [])}
+        assert mount["name"] not in names, "Ray's own containers get no token"
+
+
+# What a NetworkPolicy admits, for the checks below: a peer is matched by labels only.
+Peer = tuple[str, str]  # ("pods" | "namespace" | "namespace+pods", sorted labels as JSON)
+
+
+def _peer(peer: Obj) -> Peer:
+    kinds = []
+    labels: dict[str, str] = {}
+    if "namespaceSelector" in peer:
+        kinds.append("namespace")
+        labels.update({f"ns:{k}": v for k, v in peer["namespaceSelector"]["matchLabels"].items()})
+    if "podSelector" in peer:
+        kinds.append("pods")
+        labels.update(peer["podSelector"].get("matchLabels", {}))
+    assert "ipBlock" not in peer, "no IP blocks: peers are chosen by labels"
+    return "+".join(kinds), json.dumps(labels, sort_keys=True)
+
+
+def admitted(objects: list[Obj], pod_labels: dict[str, str], port: int) -> set[Peer]:
+    """Peers that some NetworkPolicy lets reach `port` of a pod with `pod_labels`."""
+    peers: set[Peer] = set()
+    for policy in (o for o in objects if o["kind"] == "NetworkPolicy"):
+        selector = policy["spec"]["podSelector"].get("matchLabels", {})
+        if not selector.items() <= pod_labels.items():
+            continue
+        assert "Ingress" in policy["spec"]["policyTypes"]
+        for rule in policy["spec"].get("ingress", []):
+            ports = {p["port"] for p in rule.get("ports", [])}
+            if ports and port not in ports:
+                continue
+            for peer in rule.get("from", [{"podSelector": {}}]):
+                peers.add(_peer(peer))
+    return peers
+
+
+RAY_PODS: Peer = ("pods", json.dumps({"app.kubernetes.io/name": "ooo-spec"}))
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_network_policies_deny_by_default_and_admit_only_the_expected_peers(
+    overlay: str,
+) -> None:
+    objects = rendered(overlay)
+    policies = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    deny = [p for p in policies if p["spec"]["podSelector"] == {} and not p["spec"].get("ingress")]
+    assert deny and "Ingress" in deny[0]["spec"]["policyTypes"], "no default-deny policy"
+    for policy in policies:
+        for rule in policy["spec"].get("ingress", []):
+            assert rule.get("from"), f"{policy['metadata']['name']}: a rule open to everyone"
+
+    rayservice = the(objects, "RayService")
+    cluster = rayservice["spec"]["rayClusterConfig"]
+    head = cluster["headGroupSpec"]["template"]["metadata"]["labels"]
+    workers = [g["template"]["metadata"]["labels"] for g in cluster["workerGroupSpecs"]]
+    ingress = ("namespace", json.dumps({"ns:kubernetes.io/metadata.name": "ingress-nginx"}))
+    monitoring = ("namespace", json.dumps({"ns:kubernetes.io/metadata.name": "monitoring"}))
+    operator = ("namespace+pods", json.dumps(
+        {"app.kubernetes.io/name": "kuberay-operator",
+         "ns:kubernetes.io/metadata.name": "kuberay-system"}, sort_keys=True))
+    # GCS, client, a raylet's random port: Ray pods only. Dashboard: also the operator.
+    for labels in (head, *workers):
+        assert admitted(objects, labels, 6379) == {RAY_PODS}
+        assert admitted(objects, labels, 10001) == {RAY_PODS}
+        assert admitted(objects, labels, 41234) == {RAY_PODS}
+        assert admitted(objects, labels, 8000) == {RAY_PODS, ingress}
+        assert admitted(objects, labels, 8080) == {RAY_PODS, monitoring}
+    assert admitted(objects, head, 8265) == {RAY_PODS, operator}
+    for labels in workers:
+        assert admitted(objects, labels, 8265) == {RAY_PODS}
+
+    jaeger = the(objects, "Deployment", "jaeger")["spec"]["template"]["metadata"]["labels"]
+    for port in (4317, 4318):
+        assert admitted(objects, jaeger, port) == {RAY_PODS}
+    ui = ("namespace", json.dumps({"ns:ooo-spec.io/jaeger-ui": "allowed"}))
+    assert admitted(objects, jaeger, 16686) == {ui}
+    assert admitted(objects, jaeger, 13133) == set()  # health: the kubelet's probes only
+    # The ports the checks name are the ones the pods serve.
+    head_ports = {p["containerPort"] for p in cluster["headGroupSpec"]["template"]["spec"][
+        "containers"][0]["ports"]}
+    assert {6379, 8265, 10001, 8000, 8080} <= head_ports
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_kubectl_kustomize_renders_what_the_python_renderer_renders(overlay: str) -> None:
+    """Where kubectl exists, the real kustomize agrees with render_kustomize.py (the tests
+    above validate the latter's output)."""
+    out = subprocess.run(
+        ["kubectl", "kustomize", str(K8S / "overlays" / overlay)],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout
+    theirs = [o for o in yaml.load_all(out, Loader=_Loader) if o]
+
+    def key(o: Obj) -> str:
+        return f"{o['kind']}/{o['metadata']['name']}"
+
+    assert sorted(map(key, theirs)) == sorted(map(key, rendered(overlay)))
+    ours = {key(o): o for o in rendered(overlay)}
+    for obj in theirs:
+        assert obj == ours[key(obj)], key(obj)
 
 
 # ---------------------------------------------------------------------------------------------
