@@ -100,16 +100,16 @@ def test_scaling_edit_keeps_replicas_and_engine_edit_restarts_them(
     # 1. Only the main model's autoscaling and max_ongoing_requests change.
     scaled = copy.deepcopy(serve_config)
     main = entry(scaled, "MainModel")
-    main.pop("num_replicas")
-    main["autoscaling_config"] = {"min_replicas": 1, "max_replicas": 1,
-                                  "target_ongoing_requests": 4}
+    # Still one replica (the two cores are taken), scaling out at another load, more slowly.
+    main["autoscaling_config"] = {**main["autoscaling_config"], "target_ongoing_requests": 4,
+                                  "upscale_delay_s": 5, "downscale_delay_s": 60}
     main["max_ongoing_requests"] = SCALED_MAX_ONGOING
     assert scaled["applications"][0]["args"] == serve_config["applications"][0]["args"]
 
     def applied() -> bool:
         held = serve_details()["deployments"]["MainModel"]["deployment_config"]
         return (held["max_ongoing_requests"] == SCALED_MAX_ONGOING
-                and held.get("autoscaling_config") is not None and settled())
+                and held["autoscaling_config"]["target_ongoing_requests"] == 4 and settled())
 
     try:
         with Traffic(app_url) as traffic:
