@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 EMBEDDED_MODEL = "embedded"
 
@@ -18,65 +18,17 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class AutoscalingOptions(_Strict):
-    """Serve autoscaling; explicit values so nothing falls back to library defaults."""
+# How each deployment runs on Ray Serve (replicas, autoscaling, max_ongoing_requests,
+# ray_actor_options, graceful shutdown, health checks) is not part of AppConfig: it lives in the
+# Serve config's per-deployment `applications[].deployments[]` entries, which Serve applies in
+# place. Serve hashes the whole `args` into every deployment's code version, so an option kept in
+# `args` would restart every replica when it changed. deployments/app.py holds the defaults for
+# what an entry leaves unset.
 
-    min_replicas: int = Field(1, ge=0)
-    max_replicas: int = Field(1, ge=1)
-    target_ongoing_requests: float = Field(4, gt=0)
-    upscale_delay_s: float = Field(10, ge=0)
-    downscale_delay_s: float = Field(120, ge=0)
-
-    @model_validator(mode="after")
-    def _bounds(self) -> AutoscalingOptions:
-        if self.min_replicas > self.max_replicas:
-            raise ValueError("autoscaling.min_replicas must be <= max_replicas")
-        return self
-
-
-class ActorOptions(_Strict):
-    num_cpus: float = Field(1, ge=0)
-    num_gpus: float = Field(0, ge=0)
-    memory: int | None = Field(None, description="Bytes of memory Ray reserves for the replica.")
-    resources: dict[str, float] = Field(
-        default_factory=dict,
-        description="Custom Ray resources, e.g. {'main_pool': 1} to pin to a node group.",
-    )
-    accelerator_type: str | None = None
-
-
-class DeploymentOptions(_Strict):
-    """How one deployment runs on Ray Serve."""
-
-    num_replicas: int = Field(1, ge=1, description="Ignored when `autoscaling` is set.")
-    max_ongoing_requests: int = Field(16, ge=1)
-    autoscaling: AutoscalingOptions | None = None
-    actor: ActorOptions = Field(default_factory=ActorOptions)
-    health_check_period_s: float = Field(10, gt=0)
-    health_check_timeout_s: float = Field(30, gt=0)
-
-    def serve_options(self) -> dict[str, Any]:
-        """Keyword arguments for `Deployment.options(...)`."""
-        actor: dict[str, Any] = {"num_cpus": self.actor.num_cpus}
-        if self.actor.num_gpus:
-            actor["num_gpus"] = self.actor.num_gpus
-        if self.actor.memory:
-            actor["memory"] = self.actor.memory
-        if self.actor.resources:
-            actor["resources"] = dict(self.actor.resources)
-        if self.actor.accelerator_type:
-            actor["accelerator_type"] = self.actor.accelerator_type
-        options: dict[str, Any] = {
-            "max_ongoing_requests": self.max_ongoing_requests,
-            "ray_actor_options": actor,
-            "health_check_period_s": self.health_check_period_s,
-            "health_check_timeout_s": self.health_check_timeout_s,
-        }
-        if self.autoscaling is not None:
-            options["autoscaling_config"] = self.autoscaling.model_dump()
-        else:
-            options["num_replicas"] = self.num_replicas
-        return options
+# Serve deployment name of each part the config can deploy.
+ROUTER, MAIN, SIDECAR, TOOL_WORKER, MAIN_NGRAM = (
+    "Router", "MainModel", "Sidecar", "ToolWorker", "MainModelNgram"
+)
 
 
 class EngineConfig(_Strict):
@@ -178,7 +130,6 @@ class SidecarConfig(_Strict):
     engine: EngineConfig = Field(
         default_factory=lambda: EngineConfig(kv_cache_gib=0.5, block_size=32)
     )
-    deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
     mode: Literal["slots", "whole"] = Field(
         "slots",
         description="'slots': pick the tool, then predict every argument as its own "
@@ -217,15 +168,9 @@ class SidecarConfig(_Strict):
 
 class MainConfig(_Strict):
     engine: EngineConfig = Field(default_factory=EngineConfig)
-    deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
 
 
 class RouterConfig(_Strict):
-    deployment: DeploymentOptions = Field(
-        default_factory=lambda: DeploymentOptions(
-            max_ongoing_requests=64, actor=ActorOptions(num_cpus=0)
-        )
-    )
     max_body_bytes: int = Field(1_000_000, ge=1024)
     default_max_tokens: int = Field(256, ge=1)
     request_timeout_s: float = Field(300, gt=0)
@@ -257,7 +202,11 @@ class LimitsConfig(_Strict):
 
 
 class ApiKeyConfig(_Strict):
-    key: str = Field(..., min_length=8, description="The secret a client sends as a Bearer token.")
+    key: SecretStr = Field(
+        ..., min_length=8,
+        description="The secret a client sends as a Bearer token. Shown as '**********' in "
+        "dumps and logs; only the Router deployment receives the `auth` section.",
+    )
     name: str | None = Field(
         None, description="Label in errors and metrics (the key itself is never shown)."
     )
@@ -274,7 +223,9 @@ class AuthConfig(_Strict):
 
     api_keys: list[ApiKeyConfig] = Field(
         default_factory=list,
-        description="Keys in the config itself; a bare string is a key with no name.",
+        description="Keys in the config itself; a bare string is a key with no name. For local "
+        "use: `args` are readable through Serve's config API (and in a RayService), so a "
+        "cluster takes its keys from `api_keys_env`, set from a Secret.",
     )
     api_keys_env: str | None = Field(
         "OOO_SPEC_API_KEYS",
@@ -351,14 +302,10 @@ class McpServerConfig(_Strict):
 class ToolWorkerConfig(_Strict):
     """The tool worker pool: runs server-known tools, speculatively or after the commit."""
 
-    deployment: DeploymentOptions = Field(
-        default_factory=lambda: DeploymentOptions(
-            actor=ActorOptions(num_cpus=0),
-            autoscaling=AutoscalingOptions(
-                min_replicas=1, max_replicas=4, target_ongoing_requests=2
-            ),
-        ),
-        description="Tools mostly wait on I/O, so replicas reserve no CPU by default.",
+    threads: int = Field(
+        16, ge=1,
+        description="Python tools one replica runs at once (its thread pool); keep it at least "
+        "the ToolWorker deployment's max_ongoing_requests.",
     )
     pre_execute: bool = Field(
         True,
@@ -400,12 +347,6 @@ class NgramBaselineConfig(_Strict):
     )
     engine: EngineConfig | None = Field(
         None, description="None: the same engine settings as `main.engine` (a fair peer)."
-    )
-    deployment: DeploymentOptions = Field(
-        default_factory=lambda: DeploymentOptions(actor=ActorOptions(num_cpus=0)),
-        description="No CPU reserved by default: on a 2-core box main and sidecar hold the "
-        "cores, and benchmarks send one request at a time (Ray still gives the replica one "
-        "OpenMP thread).",
     )
     num_speculative_tokens: int = Field(16, ge=1, le=64)
     prompt_lookup_min: int = Field(2, ge=1)
@@ -468,6 +409,16 @@ class AppConfig(_Strict):
         default_factory=lambda: ["app.tools.builtin"],
         description="Python modules whose decorated functions become server-known tools.",
     )
+
+    def deployment_names(self) -> list[str]:
+        """The Serve deployments `build_app` makes from this config: the names a Serve config's
+        `deployments:` entries may use."""
+        names = [ROUTER, MAIN, TOOL_WORKER]
+        if self.sidecar.enabled:
+            names.append(SIDECAR)
+        if self.baselines.ngram.enabled:
+            names.append(MAIN_NGRAM)
+        return names
 
 
 def load_config(args: dict[str, Any] | None) -> AppConfig:

@@ -1,4 +1,12 @@
-"""`build_app(args)`: the Serve application from one validated `AppConfig`."""
+"""`build_app(args)`: the Serve application from one validated `AppConfig`.
+
+`args` says what the app does; how each deployment runs (replicas, autoscaling,
+`max_ongoing_requests`, `ray_actor_options`, graceful shutdown, health checks) comes from the
+Serve config's `deployments:` entries, which Serve applies on top of the defaults below. Serve
+changes those options on running replicas (only a new `ray_actor_options` restarts that
+deployment's replicas), while any change to `args` changes every deployment's code version and
+restarts them all.
+"""
 
 from __future__ import annotations
 
@@ -6,37 +14,53 @@ from typing import Any
 
 from ray.serve import Application, Deployment
 
-from app.config import DeploymentOptions, load_config
+from app.config import MAIN_NGRAM, load_config
 from app.engine.baselines import NGRAM
 from deployments.main_model import MainModel
 from deployments.router import Router
 from deployments.sidecar import Sidecar
 from deployments.tool_worker import ToolWorker
 
+# Options of a deployment that its `deployments:` entry does not set (Serve's own defaults
+# otherwise). Engines: one CPU each (Ray sets OMP_NUM_THREADS to it). Router and tool workers
+# mostly wait on the engines or on I/O: no CPU reserved.
+DEFAULT_OPTIONS: dict[str, dict[str, Any]] = {
+    "MainModel": {"max_ongoing_requests": 16, "ray_actor_options": {"num_cpus": 1}},
+    "Sidecar": {"max_ongoing_requests": 16, "ray_actor_options": {"num_cpus": 1}},
+    "Router": {"max_ongoing_requests": 64, "ray_actor_options": {"num_cpus": 0}},
+    "ToolWorker": {
+        "max_ongoing_requests": 16,
+        "ray_actor_options": {"num_cpus": 0},
+        "autoscaling_config": {"min_replicas": 1, "max_replicas": 4,
+                               "target_ongoing_requests": 2},
+    },
+    # A second copy of the main model for comparisons only: no core reserved (on a 2-core box
+    # main and sidecar hold both; benchmarks send one request at a time).
+    MAIN_NGRAM: {"max_ongoing_requests": 16, "ray_actor_options": {"num_cpus": 0}},
+}
 
-def _deployment(cls: Any, options: DeploymentOptions) -> Deployment:
+
+def _deployment(cls: Any, name: str | None = None) -> Deployment:
     # `@serve.deployment` has turned the class into a Deployment; mypy only sees the class.
     deployment: Deployment = cls
-    return deployment.options(**options.serve_options())
+    if name is not None:
+        deployment = deployment.options(name=name)
+    return deployment.options(**DEFAULT_OPTIONS[deployment.name])
 
 
 def build_app(args: dict[str, Any] | None = None) -> Application:
     config = load_config(args)
-    raw = config.model_dump(mode="json")
-    main = _deployment(MainModel, config.main.deployment).bind(raw)
-    sidecar = (
-        _deployment(Sidecar, config.sidecar.deployment).bind(raw)
-        if config.sidecar.enabled
-        else None
-    )
-    tool_worker = _deployment(ToolWorker, config.tool_worker.deployment).bind(raw)
-    ngram = config.baselines.ngram
+    # Every deployment but the router gets the config without `auth`: API keys reach the
+    # router only (and stay out of the engines' logs and errors).
+    shared = config.model_dump(mode="json", exclude={"auth"})
+    main = _deployment(MainModel).bind(shared)
+    sidecar = _deployment(Sidecar).bind(shared) if config.sidecar.enabled else None
+    tool_worker = _deployment(ToolWorker).bind(shared)
     # The same deployment class under its own name, so it scales and is placed on its own.
     main_ngram = (
-        _deployment(MainModel, ngram.deployment).options(name="MainModelNgram").bind(raw, NGRAM)
-        if ngram.enabled
+        _deployment(MainModel, MAIN_NGRAM).bind(shared, NGRAM)
+        if config.baselines.ngram.enabled
         else None
     )
-    return _deployment(Router, config.router.deployment).bind(
-        raw, main, sidecar, tool_worker, main_ngram
-    )
+    # The router validates `args` itself; a dump would print its SecretStr keys as stars.
+    return _deployment(Router).bind(dict(args or {}), main, sidecar, tool_worker, main_ngram)

@@ -2,12 +2,12 @@
 
 Reads a Ray Serve config file (the same schema KubeRay's serveConfigV2 takes), starts Ray with
 the cores this machine has, starts Serve's HTTP proxy on the configured host/port and deploys
-the application from its `import_path` and `args`.
+the config through Serve's declarative API (the one KubeRay uses), `deployments:` entries
+included.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 import time
 from collections.abc import Mapping
@@ -62,15 +62,25 @@ def start(
     serve.start(http_options={"host": http.get("host", "127.0.0.1"),
                               "port": int(http.get("port", 8000))},
                 proxy_location=serve_config.get("proxy_location", "HeadOnly"))
-    for spec in serve_config["applications"]:
-        module, _, attr = spec["import_path"].partition(":")
-        builder = getattr(importlib.import_module(module), attr)
-        application = builder(spec.get("args") or {})
-        serve.run(application, name=spec.get("name", "default"),
-                  route_prefix=spec.get("route_prefix", "/"), blocking=False)
+    deploy(serve_config)
     url = base_url(serve_config)
     wait_ready(url)
     return url
+
+
+def deploy(serve_config: dict[str, Any]) -> None:
+    """Apply the config's applications through Serve's declarative API, as `serve deploy` and
+    KubeRay do: each `deployments:` entry is applied on top of what `build_app(args)` builds,
+    to running replicas where Serve can (see deployments/app.py), and an application whose
+    `args` changed is built again. Returns once the controller has taken the config."""
+    from ray.serve.context import _get_global_client
+    from ray.serve.schema import ServeDeploySchema
+
+    schema = ServeDeploySchema.model_validate(serve_config)
+    client = _get_global_client()
+    if client is None:
+        raise RuntimeError("Serve is not running: call start() first")
+    client.deploy_apps(schema)
 
 
 def _replica_env(root: str) -> dict[str, str]:

@@ -33,7 +33,7 @@ class ToolWorker(FaultHandles):
         app_config = load_config(config)
         self.settings = app_config.tool_worker
         self.registry = ToolRegistry(
-            max_threads=max(4, self.settings.deployment.max_ongoing_requests)
+            max_threads=self.settings.threads
         )
         self.registry.load_modules(app_config.tools)
         self.mcp = McpToolSource(self.settings.mcp_servers)

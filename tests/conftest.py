@@ -26,6 +26,11 @@ def serve_config() -> dict:
     # The n-gram baseline engine, for the lossless check of `ooo_spec.baseline`
     # (tests/e2e/test_ngram_baseline.py); local.yaml keeps it off so `make serve` stays light.
     config["applications"][0]["args"]["baselines"] = {"ngram": {"enabled": True}}
+    config["applications"][0]["deployments"].append(
+        {"name": "MainModelNgram", "max_ongoing_requests": 16,
+         "autoscaling_config": {"min_replicas": 1, "max_replicas": 1,
+                                "target_ongoing_requests": 8},
+         "ray_actor_options": {"num_cpus": 0}})
     return config
 
 

@@ -63,7 +63,7 @@ class ApiKeys:
     @classmethod
     def from_config(cls, config: AuthConfig, environ: Mapping[str, str]) -> ApiKeys:
         keys: list[tuple[str, str | None, int | None]] = [
-            (k.key, k.name, k.max_concurrent) for k in config.api_keys
+            (k.key.get_secret_value(), k.name, k.max_concurrent) for k in config.api_keys
         ]
         raw = environ.get(config.api_keys_env, "") if config.api_keys_env else ""
         keys.extend((part.strip(), None, None) for part in raw.split(",") if part.strip())

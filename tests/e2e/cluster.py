@@ -147,7 +147,9 @@ def deploy_side_app(
     from deployments.router import Router
     from deployments.tool_worker import ToolWorker
 
-    raw = load_config(merge(local_args(), overrides)).model_dump(mode="json")
+    # The args themselves, validated: a dump would print the SecretStr API keys as stars.
+    raw = merge(local_args(), overrides)
+    load_config(raw)
     if own_tool_worker:
         worker: Any = ToolWorker.options(  # type: ignore[attr-defined]
             num_replicas=1, ray_actor_options={"num_cpus": 0}).bind(raw)

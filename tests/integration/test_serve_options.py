@@ -1,12 +1,13 @@
-"""The deployment options of the cluster configs really reach Ray Serve (issue #6).
+"""The deployment options of the cluster configs really reach Ray Serve (issues #6, #14).
 
-Each configs/cluster-*.yaml application is built with `deployments.app:build_app` from its
-`args`, GPUs swapped for CPU (num_gpus 0, no accelerator_type; the pool resources main_pool,
-sidecar_pool and cpu_pool stay), and deployed on a local Ray that offers none of the pool
-resources, nor any CPU or GPU: the Serve controller registers every deployment with its
+Each configs/cluster-*.yaml application is deployed as KubeRay deploys serveConfigV2, through
+Serve's declarative API (`deployments.app:build_app` from its `args`, then its `deployments:`
+entries on top), GPUs swapped for CPU (num_gpus 0, no accelerator_type; the pool resources
+main_pool, sidecar_pool, router_pool and cpu_pool stay), on a local Ray that offers none of the
+pool resources, nor any CPU or GPU: the Serve controller registers every deployment with its
 options, but no replica can ever be scheduled, so no engine loads. What the controller holds
 (`get_serve_details()`: each deployment's config, target replica count and the resources its
-replicas request from Ray) is then compared with the config file, read through `AppConfig`.
+replicas request from Ray) is then compared with the config file's entries.
 
 The Ray instance runs in a subprocess (this module run with `-m`, `ray.init(address="local")`,
 Serve proxies disabled), so it neither meets nor disturbs the session app of tests/conftest.py
@@ -28,7 +29,7 @@ from typing import Any
 import pytest
 import yaml
 
-from app.config import AppConfig, DeploymentOptions, load_config
+from app.config import load_config
 
 pytestmark = pytest.mark.integration
 
@@ -37,34 +38,33 @@ CONFIGS = {
     "cpu-dev": ROOT / "configs" / "cluster-cpu-dev.yaml",
     "gpu-h100-l4": ROOT / "configs" / "cluster-gpu-h100-l4.yaml",
 }
-# AppConfig section -> Serve deployment name (the `@serve.deployment(name=...)` in deployments/).
-SECTIONS = {
-    "router": "Router",
-    "main": "MainModel",
-    "sidecar": "Sidecar",
-    "tool_worker": "ToolWorker",
-}
-POOLS = ("main_pool", "sidecar_pool", "cpu_pool")
+DEPLOYMENTS = ("Router", "MainModel", "Sidecar", "ToolWorker")
+POOLS = ("main_pool", "sidecar_pool", "router_pool", "cpu_pool")
 PROBE_TIMEOUT_S = 300  # a loaded 2-core box; idle, the whole probe takes ~15-30 s
 
 
-def app_args(path: Path) -> dict[str, Any]:
+def application(path: Path) -> dict[str, Any]:
     with open(path) as f:
         serve_config = yaml.safe_load(f)
-    (application,) = serve_config["applications"]
-    args: dict[str, Any] = application["args"]
-    return args
+    (app,) = serve_config["applications"]
+    assert isinstance(app, dict)
+    return app
 
 
-def cpu_only(args: dict[str, Any]) -> dict[str, Any]:
-    """The same args with every GPU request swapped for CPU; pool resources are kept."""
-    swapped = copy.deepcopy(args)
-    for section in SECTIONS:
-        actor = swapped.get(section, {}).get("deployment", {}).get("actor")
+def cpu_only(app: dict[str, Any]) -> dict[str, Any]:
+    """The same application with every GPU request swapped for CPU; pool resources are kept."""
+    swapped = copy.deepcopy(app)
+    for entry in swapped["deployments"]:
+        actor = entry.get("ray_actor_options")
         if actor is not None:
             actor["num_gpus"] = 0
             actor.pop("accelerator_type", None)
     return swapped
+
+
+def entries(name: str) -> dict[str, dict[str, Any]]:
+    """Deployment name -> its (CPU-only) `deployments:` entry in the config file."""
+    return {e["name"]: e for e in cpu_only(application(CONFIGS[name]))["deployments"]}
 
 
 # --- the probe: runs in its own process, on its own Ray ----------------------------------------
@@ -75,8 +75,7 @@ def _probe(out: Path) -> None:
     import ray
     from ray import serve
     from ray.serve.context import _get_global_client
-
-    from deployments.app import build_app
+    from ray.serve.schema import ServeDeploySchema
 
     # No pool resources, and no CPUs or GPUs either (Serve's controller needs none): even a
     # deployment that lost its pool resource on the way could not start a replica here.
@@ -87,24 +86,23 @@ def _probe(out: Path) -> None:
         include_dashboard=False,
         namespace=f"ooo-spec-serve-options-{uuid.uuid4().hex[:8]}",
         log_to_driver=False,
+        # The build task imports deployments.app from the working tree.
+        runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
     )
     try:
         offered = ray.cluster_resources()
         serve.start(proxy_location="Disabled")
         apps = {f"serve-options-{name}": name for name in CONFIGS}
-        for app_name, name in apps.items():
-            # `_blocking=False`: wait until the deployments are registered, not for replicas
-            # (which can never start here). `serve.run` would wait for RUNNING forever.
-            serve._run(
-                build_app(cpu_only(app_args(CONFIGS[name]))),
-                name=app_name,
-                route_prefix=f"/{app_name}",
-                _blocking=False,
-            )
         client = _get_global_client()
         assert client is not None
+        # Not blocking: the deployments get registered, but their replicas can never start.
+        client.deploy_apps(ServeDeploySchema.model_validate({"applications": [
+            {**cpu_only(application(CONFIGS[name])), "name": app_name,
+             "route_prefix": f"/{app_name}"}
+            for app_name, name in apps.items()
+        ]}))
         deadline = time.monotonic() + 60
-        while True:
+        while True:  # the build task runs first
             details = client.get_serve_details()
             held = details.get("applications", {})
             if all(held.get(a, {}).get("deployments") for a in apps) or time.monotonic() > deadline:
@@ -151,34 +149,27 @@ def held(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 # --- checks ---------------------------------------------------------------------------------------
 
 
-def _expected(name: str, section: str) -> tuple[AppConfig, DeploymentOptions]:
-    config = load_config(cpu_only(app_args(CONFIGS[name])))
-    options: DeploymentOptions = getattr(config, section).deployment
-    return config, options
-
-
 def test_swap_changes_only_gpu_requests() -> None:
-    original = app_args(CONFIGS["gpu-h100-l4"])
-    swapped = cpu_only(original)
-    assert original["main"]["deployment"]["actor"]["num_gpus"] == 1  # the swap has work to do
-    for section in SECTIONS:
-        before = original[section]["deployment"]["actor"]
-        after = swapped[section]["deployment"]["actor"]
+    original = {e["name"]: e for e in application(CONFIGS["gpu-h100-l4"])["deployments"]}
+    swapped = entries("gpu-h100-l4")
+    assert original["MainModel"]["ray_actor_options"]["num_gpus"] == 1  # work for the swap
+    for name in DEPLOYMENTS:
+        before = original[name]["ray_actor_options"]
+        after = swapped[name]["ray_actor_options"]
         assert after["num_gpus"] == 0 and "accelerator_type" not in after
         rest = {k: v for k, v in before.items() if k not in ("num_gpus", "accelerator_type")}
         assert {k: v for k, v in after.items() if k != "num_gpus"} == rest
-        assert set(after["resources"]) & set(POOLS), f"{section}: no pool resource to pin it"
+        assert set(after["resources"]) & set(POOLS), f"{name}: no pool resource to pin it"
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_every_deployment_registered(held: dict[str, Any], name: str) -> None:
-    application = held["applications"][name]
-    assert application is not None, f"{name}: the application never reached the controller"
-    assert application["status"] != "DEPLOY_FAILED", application.get("message")
-    deployments = application["deployments"]
-    config = load_config(cpu_only(app_args(CONFIGS[name])))
-    required = {"Router", "MainModel"} | ({"Sidecar"} if config.sidecar.enabled else set())
-    assert required <= set(deployments) <= set(SECTIONS.values()), sorted(deployments)
+    app = held["applications"][name]
+    assert app is not None, f"{name}: the application never reached the controller"
+    assert app["status"] != "DEPLOY_FAILED", app.get("message")
+    deployments = app["deployments"]
+    config = load_config(application(CONFIGS[name])["args"])
+    assert set(deployments) == set(config.deployment_names()), sorted(deployments)
     # Pinned to pools this Ray lacks: every replica is still waiting for a node (Serve calls
     # that STARTING); none was placed or ran its constructor, so no engine loaded.
     for deployment_name, deployment in deployments.items():
@@ -187,49 +178,40 @@ def test_every_deployment_registered(held: dict[str, Any], name: str) -> None:
             assert replica.get("pid") is None and replica.get("node_id") is None, replica
 
 
-@pytest.mark.parametrize("section", list(SECTIONS))
+@pytest.mark.parametrize("deployment_name", DEPLOYMENTS)
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_options_reach_serve(held: dict[str, Any], name: str, section: str) -> None:
-    config, options = _expected(name, section)
-    deployment_name = SECTIONS[section]
+def test_options_reach_serve(held: dict[str, Any], name: str, deployment_name: str) -> None:
+    entry = entries(name)[deployment_name]
     deployments = (held["applications"][name] or {}).get("deployments", {})
-    if section == "sidecar" and not config.sidecar.enabled:
-        assert deployment_name not in deployments, sorted(deployments)
-        return
     assert deployment_name in deployments, sorted(deployments)
     deployment = deployments[deployment_name]
     held_config = deployment["deployment_config"]
 
-    assert held_config["max_ongoing_requests"] == options.max_ongoing_requests
-    assert held_config["health_check_period_s"] == options.health_check_period_s
-    assert held_config["health_check_timeout_s"] == options.health_check_timeout_s
+    for option in ("max_ongoing_requests", "graceful_shutdown_timeout_s",
+                   "graceful_shutdown_wait_loop_s", "health_check_period_s",
+                   "health_check_timeout_s"):
+        if option in entry:
+            assert held_config[option] == entry[option], option
 
-    if options.autoscaling is not None:
-        autoscaling = held_config["autoscaling_config"]
-        assert autoscaling is not None
-        want = options.autoscaling.model_dump()
-        assert {key: autoscaling[key] for key in want} == want
-        assert held_config.get("num_replicas") in (None, "auto")
-        assert deployment["target_num_replicas"] == options.autoscaling.min_replicas
-    else:
-        assert held_config.get("autoscaling_config") is None
-        assert held_config["num_replicas"] == options.num_replicas
-        assert deployment["target_num_replicas"] == options.num_replicas
+    want = entry["autoscaling_config"]
+    autoscaling = held_config["autoscaling_config"]
+    assert autoscaling is not None
+    assert {key: autoscaling[key] for key in want} == want
+    assert held_config.get("num_replicas") in (None, "auto")
+    assert deployment["target_num_replicas"] == want["min_replicas"]
 
     actor = held_config["ray_actor_options"]
-    assert actor["num_cpus"] == options.actor.num_cpus
+    options = entry["ray_actor_options"]
+    assert actor["num_cpus"] == options["num_cpus"]
     assert actor.get("num_gpus", 0) == 0
     assert "accelerator_type" not in actor
-    assert actor.get("resources", {}) == options.actor.resources
-    assert actor.get("memory") == options.actor.memory
+    assert actor.get("resources", {}) == options["resources"]
 
     # What each replica asks Ray for, as the controller will schedule it.
-    want_resources: dict[str, float] = {"CPU": options.actor.num_cpus, **options.actor.resources}
-    if options.actor.memory:
-        want_resources["memory"] = options.actor.memory
+    want_resources: dict[str, float] = {"CPU": options["num_cpus"], **options["resources"]}
     got_resources = {k: v for k, v in deployment["required_resources"].items() if v or k == "CPU"}
     assert got_resources == want_resources
-    assert set(options.actor.resources) & set(POOLS), f"{section} is pinned to no pool"
+    assert set(options["resources"]) & set(POOLS), f"{deployment_name} is pinned to no pool"
 
 
 if __name__ == "__main__":

@@ -43,9 +43,8 @@ def test_ngram_section_defaults_off_and_builds_vllm_config() -> None:
         "method": "ngram", "num_speculative_tokens": 16,
         "prompt_lookup_min": 2, "prompt_lookup_max": 5,
     }
-    # No core reserved by default: main and sidecar hold the two of the local box.
-    assert ngram.baselines.ngram.deployment.serve_options()["ray_actor_options"] == {
-        "num_cpus": 0}
+    assert "MainModelNgram" in ngram.deployment_names()
+    assert "MainModelNgram" not in config.deployment_names()
 
 
 @pytest.mark.parametrize("section", [
@@ -72,6 +71,12 @@ def test_local_default_stays_light_and_bench_config_adds_only_the_ngram_engine()
         bench_file = yaml.safe_load(f)
     for key in ("proxy_location", "http_options"):
         assert bench_file[key] == local_file[key]
+    # The same deployment options, plus the baseline engine's.
+    (local_app,), (bench_app,) = local_file["applications"], bench_file["applications"]
+    extra = [d for d in bench_app["deployments"] if d not in local_app["deployments"]]
+    assert [d["name"] for d in extra] == ["MainModelNgram"]
+    # No core reserved: main and sidecar hold the two of the local box.
+    assert extra[0]["ray_actor_options"] == {"num_cpus": 0}
 
 
 def test_baseline_service_uses_vllm_ngram_not_the_candidate_proposer() -> None:
