@@ -831,7 +831,7 @@ def run_command(args: Any, say: Callable[[str], None]) -> int:
             from deployments import local
 
             if args.slow_tool_ms is not None:
-                from app.tools.builtin import SLOW_TOOL_ENV
+                from load_tests.bench_tools import SLOW_TOOL_ENV
 
                 # Ray's workers (the tool worker among them) inherit the driver's environment.
                 os.environ[SLOW_TOOL_ENV] = str(args.slow_tool_ms)
@@ -931,7 +931,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dataset", default="bfcl:simple_python",
                         help="comma-separated datasets, e.g. bfcl:simple_python,multiple,parallel,"
                         "parallel_multiple or bfcl:core, and `agent` (the multi-turn scenario set "
-                        "on the server's demo tools) (default: bfcl:simple_python)")
+                        "on the server's demo and bench tools) (default: bfcl:simple_python)")
     parser.add_argument("--limit", type=int, default=None,
                         help="first N cases of each category (default: all)")
     parser.add_argument("--modes", default="plain,ooo",
@@ -961,8 +961,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-errors", type=int, default=10,
                         help="stop after this many failed requests in a row (default: 10)")
     parser.add_argument("--slow-tool-ms", type=float, default=None,
-                        help="with --start: latency of the demo tool slow_lookup "
-                        "(OOO_SPEC_SLOW_TOOL_MS; the server's default is 500)")
+                        help="with --start: latency of the bench tool slow_lookup "
+                        "(load_tests/bench_tools.py, OOO_SPEC_SLOW_TOOL_MS; default 500)")
     parser.add_argument("--out", default="bench_out/",
                         help="folder for the JSON records and the PNG plot (default: bench_out/)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")

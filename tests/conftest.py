@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.cluster import TOOL_MODULES
 from tests.otlp_receiver import OtlpReceiver
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,6 +27,8 @@ def serve_config() -> dict:
     # The n-gram baseline engine, for the lossless check of `ooo_spec.baseline`
     # (tests/e2e/test_ngram_baseline.py); local.yaml keeps it off so `make serve` stays light.
     config["applications"][0]["args"]["baselines"] = {"ngram": {"enabled": True}}
+    # The bench's slow_lookup (load_tests/bench_tools.py): the tool tests pre-execute it.
+    config["applications"][0]["args"]["tools"] = list(TOOL_MODULES)
     return config
 
 
