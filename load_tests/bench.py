@@ -1,4 +1,5 @@
-"""Benchmark harness behind `ooo-spec bench`: the same cases, several decoding modes, one server.
+"""The benchmark (`python -m load_tests.bench`, or `ooo-spec bench` from the repository root):
+the same cases, several decoding modes, one server.
 
 A *mode* is a name plus the request extras that select it: `plain` (`ooo_spec.enabled: false`,
 the baseline), `ngram` (vLLM's own prompt-lookup speculation on the server's second main engine,
