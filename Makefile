@@ -25,7 +25,7 @@ BENCH_PORT ?= 8124
 BENCH_LIMIT ?= 50
 BENCH_DATASET ?= bfcl:simple_python,multiple,agent
 bench: model
-	@$(VENV)/ooo-spec bench --start --config configs/bench.yaml --port $(BENCH_PORT) \
+	@$(VENV)/python -m load_tests.bench --start --config configs/bench.yaml --port $(BENCH_PORT) \
 		--dataset $(BENCH_DATASET) --modes plain,ngram,ooo,ooo+tools --limit $(BENCH_LIMIT)
 
 # Locust, headless: 16 users for 2 minutes against the local default (started if none answers

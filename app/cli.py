@@ -133,70 +133,28 @@ def add_serve_command(subparsers: Subparsers) -> None:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    try:
-        from load_tests import bench
-    except ModuleNotFoundError:
-        # `load_tests/` sits beside `app/` in the source tree but is not an installed package:
-        # the console script does not see it unless it runs from the checkout.
-        from pathlib import Path
+    import subprocess
+    from pathlib import Path
 
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-        from load_tests import bench
-    try:
-        return bench.run_command(args, say=_to_stderr)
-    except bench.BenchError as error:
-        print(f"ooo-spec: error: {error}", file=sys.stderr)
+    # The benchmark lives with its datasets in load_tests/ at the repository root, not in the
+    # installed package: it runs as a module from there, where `python -m` finds it.
+    if not Path("load_tests", "bench.py").is_file():
+        _to_stderr("ooo-spec: error: the benchmark runs from the repository root: cd there and "
+                   "run `ooo-spec bench ...` or `python -m load_tests.bench ...`")
         return 2
+    return subprocess.call([sys.executable, "-m", "load_tests.bench", *args.bench_args])
 
 
 def add_bench_command(subparsers: Subparsers) -> None:
+    # Every argument, --help included, goes to `python -m load_tests.bench` as it is: no
+    # prefix character of this subparser ever starts an argument, so none is parsed here.
     bench = subparsers.add_parser(
-        "bench",
-        help="compare decoding modes (plain, ngram, ooo, ooo+tools) on datasets against a server",
-        description="Send every case of a dataset once per mode to an OpenAI-compatible "
-        "ooo-spec server (interleaved case by case, mode order rotated per case), then print "
-        "per-mode statistics and ratios against `plain`, and write every request's numbers "
-        "(JSON) and a latency plot (PNG) under --out. With --start the app is started from "
-        "--config first and stopped at the end.",
+        "bench", add_help=False, prefix_chars="\0",
+        help="compare decoding modes (plain, ngram, ooo, ooo+tools) on datasets against a "
+        "server: runs `python -m load_tests.bench` (from the repository root; --help for its "
+        "flags)",
     )
-    bench.add_argument("--dataset", default="bfcl:simple_python",
-                       help="comma-separated datasets, e.g. bfcl:simple_python,multiple,parallel,"
-                       "parallel_multiple or bfcl:core, and `agent` (the multi-turn scenario set "
-                       "on the server's demo tools) (default: bfcl:simple_python)")
-    bench.add_argument("--limit", type=int, default=None,
-                       help="first N cases of each category (default: all)")
-    bench.add_argument("--modes", default="plain,ooo",
-                       help="comma-separated modes among plain, ngram (needs the server's n-gram "
-                       "engine, e.g. configs/bench.yaml), ooo, ooo+tools (agent set only) "
-                       "(default: plain,ooo); `plain` is the baseline")
-    bench.add_argument("--warmup", type=int, default=2,
-                       help="warm-up requests per mode, left out of the statistics (default: 2)")
-    bench.add_argument("--base-url", default=None,
-                       help="server to benchmark (default: http://127.0.0.1:8000, or the port "
-                       "of --port); ignored with --start")
-    bench.add_argument("--start", action="store_true",
-                       help="start the app from --config (local Ray) and stop it at the end")
-    bench.add_argument("--config", default="configs/local.yaml",
-                       help="Ray Serve config file for --start (default: configs/local.yaml)")
-    bench.add_argument("--port", type=int, default=None,
-                       help="HTTP port: overrides the config's port with --start, else the "
-                       "port of the default base URL")
-    bench.add_argument("--model", default=None,
-                       help="model name to send (default: the first one in /v1/models)")
-    bench.add_argument("--max-tokens", type=int, default=256,
-                       help="max_tokens per request (default: 256)")
-    bench.add_argument("--timeout", type=float, default=120.0,
-                       help="per-request timeout in seconds (default: 120)")
-    bench.add_argument("--max-duration", type=float, default=3600.0,
-                       help="stop sending requests after this many seconds (default: 3600)")
-    bench.add_argument("--max-errors", type=int, default=10,
-                       help="stop after this many failed requests in a row (default: 10)")
-    bench.add_argument("--slow-tool-ms", type=float, default=None,
-                       help="with --start: latency of the demo tool slow_lookup "
-                       "(OOO_SPEC_SLOW_TOOL_MS; the server's default is 500)")
-    bench.add_argument("--out", default="bench_out/",
-                       help="folder for the JSON records and the PNG plot (default: bench_out/)")
-    bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
     bench.set_defaults(func=_bench)
 
 

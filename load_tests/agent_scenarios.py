@@ -1,11 +1,13 @@
-"""A small multi-turn agent scenario set on the server's demo tools (`agent` dataset).
+"""A small multi-turn agent scenario set on the server's demo and bench tools (`agent` dataset).
 
 Each scenario is a conversation that already went on for a turn or two (earlier calls and their
 results are in the history) and ends with a user request the server answers with
 `ooo_spec.execute_tools: true`: the main model commits a call, the server runs it on the tool
 pool, feeds the result back, and the last turn answers in text. Only idempotent tools with
-deterministic results are used (`slow_lookup`, `calculator`, `convert_units`, `search_docs`, and
-the example MCP server's `lookup_capital`), so every mode can be compared output for output.
+deterministic results are used (`slow_lookup` of load_tests/bench_tools.py, the built-in
+`calculator`, `convert_units`, `search_docs`, and the example MCP server's `lookup_capital`), so
+every mode can be compared output for output. The server must list the bench's tools
+(configs/bench.yaml does).
 
 Tool definitions are not copied here: they come from the server's `GET /v1/tools` at run time
 (what a client does), so a scenario always offers the schema the server runs. A scenario may
@@ -17,12 +19,13 @@ schema is still one the server's tool accepts.
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from load_tests.bench_tools import lookup_value
 
 SOURCE = "agent"
 CATEGORY = "agent"
@@ -56,11 +59,6 @@ class Scenario(BaseModel):
     narrow: dict[str, dict[str, list[Any]]] = {}  # tool -> parameter -> enum
     tool_choice: str = "required"  # or a tool name (named choice)
     max_steps: int = 1
-
-
-def lookup_value(key: str) -> str:
-    """What `slow_lookup` returns as `value` for `key` (app/tools/builtin.py)."""
-    return hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
 
 
 def exchange(

@@ -1,4 +1,5 @@
-"""Benchmark harness behind `ooo-spec bench`: the same cases, several decoding modes, one server.
+"""The benchmark (`python -m load_tests.bench`, or `ooo-spec bench` from the repository root):
+the same cases, several decoding modes, one server.
 
 A *mode* is a name plus the request extras that select it: `plain` (`ooo_spec.enabled: false`,
 the baseline), `ngram` (vLLM's own prompt-lookup speculation on the server's second main engine,
@@ -33,6 +34,7 @@ them.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -799,7 +801,7 @@ def served_model(base_url: str, timeout_s: float = 10.0) -> str:
 
 
 def run_command(args: Any, say: Callable[[str], None]) -> int:
-    """`ooo-spec bench`: see `app.cli.add_bench_command` for the flags."""
+    """The run behind `main`: see `build_parser` for the flags."""
     from datetime import datetime
     from pathlib import Path
 
@@ -834,7 +836,7 @@ def run_command(args: Any, say: Callable[[str], None]) -> int:
             from deployments import local
 
             if args.slow_tool_ms is not None:
-                from app.tools.builtin import SLOW_TOOL_ENV
+                from load_tests.bench_tools import SLOW_TOOL_ENV
 
                 # Ray's workers (the tool worker among them) inherit the driver's environment.
                 os.environ[SLOW_TOOL_ENV] = str(args.slow_tool_ms)
@@ -922,6 +924,73 @@ def run_command(args: Any, say: Callable[[str], None]) -> int:
     return 0 if any(r.ok and not r.warmup for r in records) else 1
 
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m load_tests.bench",
+        description="Send every case of a dataset once per mode to an OpenAI-compatible "
+        "ooo-spec server (interleaved case by case, mode order rotated per case), then print "
+        "per-mode statistics and ratios against `plain`, and write every request's numbers "
+        "(JSON) and a latency plot (PNG) under --out. With --start the app is started from "
+        "--config first and stopped at the end.",
+    )
+    parser.add_argument("--dataset", default="bfcl:simple_python",
+                        help="comma-separated datasets, e.g. bfcl:simple_python,multiple,parallel,"
+                        "parallel_multiple or bfcl:core, and `agent` (the multi-turn scenario set "
+                        "on the server's demo and bench tools) (default: bfcl:simple_python)")
+    parser.add_argument("--limit", type=int, default=None,
+                        help="first N cases of each category (default: all)")
+    parser.add_argument("--modes", default="plain,ooo",
+                        help="comma-separated modes among plain, ngram (needs the server's n-gram "
+                        "engine, e.g. configs/bench.yaml), ooo, ooo+tools (agent set only) "
+                        "(default: plain,ooo); `plain` is the baseline")
+    parser.add_argument("--warmup", type=int, default=2,
+                        help="warm-up requests per mode, left out of the statistics (default: 2)")
+    parser.add_argument("--base-url", default=None,
+                        help="server to benchmark (default: http://127.0.0.1:8000, or the port "
+                        "of --port); ignored with --start")
+    parser.add_argument("--start", action="store_true",
+                        help="start the app from --config (local Ray) and stop it at the end")
+    parser.add_argument("--config", default="configs/local.yaml",
+                        help="Ray Serve config file for --start (default: configs/local.yaml)")
+    parser.add_argument("--port", type=int, default=None,
+                        help="HTTP port: overrides the config's port with --start, else the "
+                        "port of the default base URL")
+    parser.add_argument("--model", default=None,
+                        help="model name to send (default: the first one in /v1/models)")
+    parser.add_argument("--max-tokens", type=int, default=256,
+                        help="max_tokens per request (default: 256)")
+    parser.add_argument("--timeout", type=float, default=120.0,
+                        help="per-request timeout in seconds (default: 120)")
+    parser.add_argument("--max-duration", type=float, default=3600.0,
+                        help="stop sending requests after this many seconds (default: 3600)")
+    parser.add_argument("--max-errors", type=int, default=10,
+                        help="stop after this many failed requests in a row (default: 10)")
+    parser.add_argument("--slow-tool-ms", type=float, default=None,
+                        help="with --start: latency of the bench tool slow_lookup "
+                        "(load_tests/bench_tools.py, OOO_SPEC_SLOW_TOOL_MS; default 500)")
+    parser.add_argument("--out", default="bench_out/",
+                        help="folder for the JSON records and the PNG plot (default: bench_out/)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m load_tests.bench` (and `ooo-spec bench`, which runs it): the exit code."""
+    args = build_parser().parse_args(argv)
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    try:
+        return run_command(args, say)
+    except BenchError as error:
+        print(f"bench: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("bench: interrupted", file=sys.stderr)
+        return 130
+
+
 def format_header(
     args: Any, base_url: str, model: str, cases: int, elapsed: float, stop: str | None
 ) -> str:
@@ -988,3 +1057,7 @@ def _measure(
         bar.close()
         client.close()
     return records, stop_reason, time.monotonic() - t0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -44,7 +44,8 @@ else
 fi
 
 # --stop-timeout: requests in flight when the time is up finish and count, instead of being
-# cut off (a cut request is neither a success nor an error).
-.venv/bin/locust -f load_tests/locustfile.py --headless --only-summary \
+# cut off (a cut request is neither a success nor an error). Locust imports the locustfile by
+# path; PYTHONPATH (the repository root) makes `load_tests` importable from it.
+PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" .venv/bin/locust -f load_tests/locustfile.py --headless --only-summary \
   --users "$USERS" --spawn-rate "$SPAWN_RATE" --run-time "$RUN_TIME" --stop-timeout 300 \
   --host "$HOST" --csv "$OUT/loadtest" --loglevel WARNING

@@ -22,16 +22,14 @@ from __future__ import annotations
 import itertools
 import random
 import sys
-from pathlib import Path
 from typing import Any
 
 from locust import FastHttpUser, between, events, task
 
-# Locust imports this file by path; the repo root makes `load_tests` importable.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from load_tests.bfcl import BfclCase, load_bfcl  # noqa: E402
-from load_tests.load_requests import (  # noqa: E402
+# Locust imports this file by path: run it with the repository root on PYTHONPATH (as
+# load_tests/loadtest.sh does) so that `load_tests` is importable.
+from load_tests.bfcl import BfclCase, load_bfcl
+from load_tests.load_requests import (
     REQUEST_TIMEOUT_S,
     check_completion,
     request_body,

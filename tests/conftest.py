@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.cluster import TOOL_MODULES
 from tests.otlp_receiver import OtlpReceiver
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,6 +32,8 @@ def serve_config() -> dict:
          "autoscaling_config": {"min_replicas": 1, "max_replicas": 1,
                                 "target_ongoing_requests": 8},
          "ray_actor_options": {"num_cpus": 0}})
+    # The bench's slow_lookup (load_tests/bench_tools.py): the tool tests pre-execute it.
+    config["applications"][0]["args"]["tools"] = list(TOOL_MODULES)
     return config
 
 

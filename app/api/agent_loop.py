@@ -176,7 +176,7 @@ class PreExecution:
         try:
             # The registry lookup runs beside the sidecar, so no request waits for it here.
             specs = await self._tools.specs()
-            # Only tools this request offers are server-known for it (DESIGN.md, "Tools").
+            # Only tools this request offers are server-known for it (docs/tools.md).
             offered = {name: spec for name, spec in specs.items() if name in self._schemas}
             self._ledger = PreExecutionLedger(
                 offered,

@@ -1,7 +1,7 @@
 """Canonical form of a tool invocation: when are two calls "the same call"?
 
 A speculated call pays off only if it equals the call the main model commits, and a
-pre-executed tool result may be reused only then. Equality is semantic (DESIGN.md, "Tools"):
+pre-executed tool result may be reused only then. Equality is semantic (docs/tools.md):
 same name; arguments equal after filling schema defaults; key order ignored; an integer and a
 float with the same value are equal (`1 == 1.0`); strings compare exactly; `true` is not `1`.
 Parallel calls match as a multiset.

@@ -2,15 +2,12 @@
 
 All but `append_note` are idempotent and speculable, so the sidecar's prediction may start them
 before the main model commits; `append_note` writes to disk and only ever runs after the commit.
-`slow_lookup` exists to make pre-execution's saving visible in benchmarks.
 """
 
 from __future__ import annotations
 
 import ast
-import asyncio
 import functools
-import hashlib
 import json
 import math
 import os
@@ -383,31 +380,3 @@ def append_note(
         finally:
             os.close(fd)
     return {"saved": True, "at": at}
-
-
-# -- slow lookup (benchmarks) ----------------------------------------------------------------
-
-SLOW_TOOL_ENV = "OOO_SPEC_SLOW_TOOL_MS"
-DEFAULT_SLOW_TOOL_MS = 500.0
-
-
-def slow_tool_delay_s() -> float:
-    raw = os.environ.get(SLOW_TOOL_ENV)
-    if raw is None or raw.strip() == "":
-        return DEFAULT_SLOW_TOOL_MS / 1000.0
-    try:
-        ms = float(raw)
-    except ValueError:
-        raise ValueError(f"{SLOW_TOOL_ENV}={raw!r} is not a number of milliseconds") from None
-    if not math.isfinite(ms) or ms < 0:
-        raise ValueError(f"{SLOW_TOOL_ENV}={raw!r} must be a non-negative number")
-    return ms / 1000.0
-
-
-@tool(idempotent=True, timeout_s=30.0)
-async def slow_lookup(
-    key: Annotated[str, Field(min_length=1, max_length=200, description="Record key.")],
-) -> dict[str, Any]:
-    """Look up a record in a slow remote-like store (latency set by OOO_SPEC_SLOW_TOOL_MS)."""
-    await asyncio.sleep(slow_tool_delay_s())
-    return {"key": key, "value": hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]}

@@ -2,7 +2,7 @@
 pre-executed results may answer a committed call. Pure logic, no I/O: the safety argument
 lives here and is tested here.
 
-The rules (DESIGN.md, "Speculative pre-execution"):
+The rules (docs/tools.md, "Pre-execution"):
 - A call runs before the commit only if its tool is server-known, idempotent, marked
   `speculate: always`, pre-execution is switched on, and it does not reach outside services
   (`egress`) unless that is allowed. Everything else runs only after the main model commits it.

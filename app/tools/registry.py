@@ -81,7 +81,7 @@ class ToolSpec(BaseModel):
         return self
 
     def openai_tool(self) -> dict[str, Any]:
-        """The entry of `GET /v1/tools` (DESIGN.md, wire contract)."""
+        """The entry of `GET /v1/tools` (docs/wire-contract.md, "GET /v1/tools")."""
         return {
             "type": "function",
             "function": {

@@ -18,6 +18,9 @@ from typing import Any
 import httpx
 
 ROOT = Path(__file__).resolve().parents[2]
+# The tool modules of the tests' apps: the built-in tools and the bench's slow_lookup
+# (load_tests/bench_tools.py, as in configs/bench.yaml), which the tool tests pre-execute.
+TOOL_MODULES = ("app.tools.builtin", "load_tests.bench_tools")
 APP = "ooo-spec"  # the application name in configs/local.yaml
 MODEL = "smollm2-135m-instruct"
 TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {
@@ -120,6 +123,7 @@ def local_args() -> dict[str, Any]:
 
     config = load_serve_config(ROOT / "configs" / "local.yaml")
     args: dict[str, Any] = copy.deepcopy(config["applications"][0]["args"])
+    args["tools"] = list(TOOL_MODULES)  # as the session app's (tests/conftest.py)
     return args
 
 

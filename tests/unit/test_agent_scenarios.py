@@ -11,7 +11,6 @@ import pytest
 
 from app.api.openai_models import ChatCompletionRequest
 from app.spec.validation import validate_arguments
-from app.tools.builtin import SLOW_TOOL_ENV
 from app.tools.registry import ToolRegistry, ToolSpec
 from load_tests.agent_scenarios import (
     KEYS,
@@ -19,9 +18,9 @@ from load_tests.agent_scenarios import (
     AgentCase,
     MissingToolError,
     load_agent_cases,
-    lookup_value,
     request_tool,
 )
+from load_tests.bench_tools import SLOW_TOOL_ENV, lookup_value
 
 # What the example MCP server lists (its tools are not importable Python functions).
 CAPITAL = ToolSpec(
@@ -35,7 +34,7 @@ CAPITAL = ToolSpec(
 @pytest.fixture(scope="module")
 def registry() -> ToolRegistry:
     reg = ToolRegistry()
-    reg.load_modules(["app.tools.builtin"])
+    reg.load_modules(["app.tools.builtin", "load_tests.bench_tools"])
     return reg
 
 

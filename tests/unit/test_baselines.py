@@ -64,6 +64,8 @@ def test_local_default_stays_light_and_bench_config_adds_only_the_ngram_engine()
     # Same server otherwise, so the bench's plain and ooo numbers are the local default's.
     rest = copy.deepcopy(bench)
     rest.pop("baselines")
+    # ... and the bench's own tool module (slow_lookup), which the product does not ship.
+    assert rest.pop("tools") == [*local.pop("tools"), "load_tests.bench_tools"]
     assert rest == local, "configs/bench.yaml drifted from configs/local.yaml"
     with open(ROOT / "configs" / "local.yaml") as f:
         local_file = yaml.safe_load(f)

@@ -5,6 +5,10 @@ math on synthetic records."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -604,3 +608,30 @@ def test_candidate_ready_time_is_the_sidecars_not_a_history_candidates() -> None
     report_["candidates"] = report_["candidates"][:1]
     record = bench.record_from_response(report_response(report_), make_case(), "ooo", 0, 1.0)
     assert record.candidate_ready_ms is None
+
+
+# ---------------------------------------------------------------- how the bench is started
+
+
+def test_bench_runs_as_a_module_and_through_the_cli_from_the_repository_root(
+    capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    """`python -m load_tests.bench` is the bench; `ooo-spec bench` hands it every argument
+    (its flags, --help included) without touching sys.path, and says where to run it from."""
+    from app import cli
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-m", "load_tests.bench", "--help"], cwd=root,
+                          capture_output=True, text=True, check=False,
+                          env={**os.environ, "PYTHONPATH": ""})
+    assert done.returncode == 0 and "--dataset" in done.stdout, done.stderr
+    path_before = list(sys.path)
+    monkeypatch.chdir(root)
+    assert cli.main(["bench", "--help"]) == 0
+    assert "python -m load_tests.bench" in capfd.readouterr().out
+    assert cli.main(["bench", "--limit", "0"]) == 2  # the bench's own check, not argparse's
+    assert "--limit must be at least 1" in capfd.readouterr().err
+    assert sys.path == path_before
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["bench", "--start"]) == 2
+    assert "repository root" in capfd.readouterr().err

@@ -282,19 +282,6 @@ async def test_xdg_cache_home_is_honoured(tmp_path: Path, monkeypatch: pytest.Mo
     assert builtin.notes_path() == tmp_path / "ooo-spec" / "notes.jsonl"
 
 
-async def test_slow_lookup_latency_is_configurable(
-    registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("OOO_SPEC_SLOW_TOOL_MS", "120")
-    result = await registry.execute("slow_lookup", {"key": "user:42"})
-    assert not result.is_error and result.latency_ms >= 120
-    again = await registry.execute("slow_lookup", {"key": "user:42"})
-    assert again.content == result.content  # deterministic
-    monkeypatch.setenv("OOO_SPEC_SLOW_TOOL_MS", "soon")
-    broken = await registry.execute("slow_lookup", {"key": "user:42"})
-    assert broken.is_error and "OOO_SPEC_SLOW_TOOL_MS" in broken.content
-
-
 def test_builtin_flags(registry: ToolRegistry) -> None:
     flags = {s.name: (s.idempotent, s.speculate, s.egress) for s in registry.specs()}
     assert flags == {
@@ -303,5 +290,4 @@ def test_builtin_flags(registry: ToolRegistry) -> None:
         "current_time": (True, "always", False),
         "search_docs": (True, "always", False),
         "append_note": (False, "never", False),
-        "slow_lookup": (True, "always", False),
     }

@@ -542,7 +542,7 @@ def test_cpu_dev_overlay_needs_no_gpu_and_uses_the_embedded_model() -> None:
         assert GPU not in container["resources"].get("limits", {}), where
     config = AppConfig.model_validate(app_args(objects))
     for engine in (config.main.engine, config.sidecar.engine):
-        # float32: the precision in which speculation keeps the output identical (DESIGN.md).
+        # float32: where speculation keeps the output identical (docs/speculation.md).
         assert (engine.model, engine.dtype) == ("embedded", "float32")
     for entry in deployments(objects).values():
         assert not entry["ray_actor_options"].get("num_gpus")
