@@ -60,8 +60,11 @@ class EngineConfig(_Strict):
         "cheaper there.",
     )
     enforce_eager: bool = True
-    tool_format: Literal["hermes"] = Field(
-        "hermes", description="How the main model writes tool calls (see app/engine/formats)."
+    tool_format: Literal["hermes", "llama3_json", "mistral", "pythonic"] = Field(
+        "hermes",
+        description="How the main model writes tool calls, by the name of vLLM's tool parser "
+        "for the same dialect (app/engine/tool_formats/): the fallback tool prompt for chat "
+        "templates that ignore tools, how candidates are rendered, how outputs are parsed.",
     )
 
 

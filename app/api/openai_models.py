@@ -106,6 +106,9 @@ class ChatCompletionRequest(_Wire):
     tools: list[ToolDef] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # Extra variables for the model's chat template (e.g. `enable_thinking`), as in vLLM;
+    # only variables the template uses reach it (app/engine/chat_prompt.py).
+    chat_template_kwargs: dict[str, Any] | None = None
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     max_tokens: int | None = Field(None, ge=1)

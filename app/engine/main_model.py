@@ -20,18 +20,17 @@ from app import telemetry
 from app.api.errors import ApiError
 from app.api.openai_models import CandidateReport, ChatCompletionRequest
 from app.config import AppConfig
+from app.engine import chat_prompt
 from app.engine.history import InvocationHistory, request_text
 from app.engine.tool_format import (
     ParsedCall,
     ParsedOutput,
     forced_output_schema,
     parse_forced,
-    parse_free,
     placeholder_call,
-    prepare_messages,
     render_forced_variants,
-    render_free,
 )
+from app.engine.tool_formats import get_format
 from app.engine.vllm_engine import GenerationTally, VllmEngine
 from app.spec.prediction import PredictedCall, Prediction
 from app.spec.validation import validate_arguments
@@ -69,6 +68,9 @@ class MainModelService:
             InvocationHistory(history.max_entries, history.min_similarity, history.private_tools)
             if history.enabled else None
         )
+        self.format = get_format(config.main.engine.tool_format)
+        # Known once the engine (and its tokenizer) has started: see `template`.
+        self._template: tuple[bool, frozenset[str]] | None = None
 
     def start(self) -> None:
         self.engine.start()
@@ -81,9 +83,7 @@ class MainModelService:
     def prepare(self, request: ChatCompletionRequest) -> PreparedRequest:
         mode = request.effective_tool_choice
         tools = request.tool_dicts() if mode != "none" else []
-        prompt = self.engine.chat_prompt_ids(
-            prepare_messages(request.message_dicts(), tools or None)
-        )
+        prompt = self.prompt_ids(request, tools)
         limit = self.config.main.engine.max_model_len
         if len(prompt) >= limit:
             raise ApiError(
@@ -119,13 +119,53 @@ class MainModelService:
             and self.engine.speculation is not None,
         )
 
+    @property
+    def template(self) -> tuple[bool, frozenset[str]]:
+        """(whether the chat template renders tools, the variables it reads)."""
+        if self._template is None:
+            tokenizer = self.engine.tokenizer
+            self._template = (chat_prompt.template_renders_tools(tokenizer),
+                              chat_prompt.template_variables(tokenizer))
+        return self._template
+
+    def prompt_ids(self, request: ChatCompletionRequest, tools: list[dict[str, Any]]) -> list[int]:
+        """The model's own template with `tools=` when it renders tools (as vLLM does), else
+        the format's fallback tool prompt; `chat_template_kwargs` reach the template either way."""
+        native, variables = self.template
+        try:
+            kwargs = chat_prompt.template_kwargs(request.chat_template_kwargs, variables)
+        except ValueError as exc:
+            raise ApiError(400, str(exc), param="chat_template_kwargs") from None
+        tokenizer = self.engine.tokenizer
+        if native:
+            template_tools = None if request.tools is None else [
+                chat_prompt.TemplateTool(
+                    t.function.name, t.function.description,
+                    t.function.parameters if "parameters" in t.function.model_fields_set
+                    else None,
+                    t.function.strict,
+                ) for t in request.tools
+            ]
+            text = chat_prompt.render_native(
+                tokenizer, request.message_dicts(), template_tools, kwargs
+            )
+        elif not kwargs:
+            return self.engine.chat_prompt_ids(
+                self.format.prepare_messages(request.message_dicts(), tools or None)
+            )
+        else:
+            text = chat_prompt.render_fallback(
+                tokenizer, self.format, request.message_dicts(), tools or None, kwargs
+            )
+        return list(tokenizer.encode(text, add_special_tokens=False))
+
     # ----- candidates -------------------------------------------------------------------
     def render_candidate(self, prepared: PreparedRequest, calls: list[ParsedCall]) -> list[str]:
         """Texts of the whole output the main model may write for `calls`: one per whitespace
         style; the proposer follows the one the model's output agrees with."""
         if prepared.mode in ("required", "named"):
             return render_forced_variants(calls, prepared.tools, prepared.request.named_tool)
-        return [render_free(calls)]
+        return self.format.render_variants(calls)
 
     def schema_candidates(self, prepared: PreparedRequest) -> list[str]:
         """Keys and punctuation of every callable tool, known before any prediction."""
@@ -305,5 +345,5 @@ class MainModelService:
                 # Only when max_tokens cut the JSON short: give the text back, no calls.
                 return ParsedOutput(content=text, calls=[])
         if prepared.mode == "auto":
-            return parse_free(text)
+            return self.format.parse(text)
         return ParsedOutput(content=text, calls=[])

@@ -16,41 +16,32 @@ follows whichever variant the model's own tokens agree with.
 from __future__ import annotations
 
 import json
-import re
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
-TOOL_CALL_OPEN = "<tool_call>"
-TOOL_CALL_CLOSE = "</tool_call>"
-_TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
-
-TOOL_PROMPT = (
-    "You are a function calling AI model. You are provided with function signatures within "
-    "<tools></tools> XML tags. You may call one or more functions to assist with the user "
-    "query. Don't make assumptions about what values to plug into functions. Here are the "
-    "available tools: <tools>\n{tools}\n</tools>\nFor each function call return a json object "
-    "with function name and arguments within <tool_call></tool_call> XML tags as follows:\n"
-    '<tool_call>\n{{"name": <function-name>, "arguments": <args-dict>}}\n</tool_call>'
+from app.engine.tool_formats import get_format
+from app.engine.tool_formats.base import (
+    ParsedCall,
+    ParsedOutput,
+    arguments_obj,
+    message_text,
+    with_system_text,
 )
+from app.engine.tool_formats.hermes import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, TOOL_PROMPT
 
+# The free-decoding side of the hermes format, under the names the rest of the code uses;
+# other formats: app/engine/tool_formats/.
+_HERMES = get_format("hermes")
 
-@dataclass
-class ParsedCall:
-    name: str
-    arguments: dict[str, Any]
-
-
-@dataclass
-class ParsedOutput:
-    content: str | None
-    calls: list[ParsedCall]
+__all__ = [
+    "TOOL_CALL_CLOSE", "TOOL_CALL_OPEN", "TOOL_PROMPT", "ParsedCall", "ParsedOutput",
+    "arguments_obj", "message_text", "with_system_text",
+]
 
 
 # ----- prompt ------------------------------------------------------------------------------
 def tool_system_prompt(tools: list[dict[str, Any]]) -> str:
-    listing = "\n".join(json.dumps(t["function"], ensure_ascii=False) for t in tools)
-    return TOOL_PROMPT.format(tools=listing)
+    return _HERMES.system_prompt(tools)
 
 
 def prepare_messages(
@@ -58,54 +49,7 @@ def prepare_messages(
 ) -> list[dict[str, Any]]:
     """Messages the chat template can take: tools described in the system message, past
     assistant calls written in the model's format, tool results as `<tool_response>` turns."""
-    out: list[dict[str, Any]] = []
-    for msg in messages:
-        role = msg["role"]
-        content = _text(msg.get("content"))
-        if role == "developer":
-            role = "system"
-        if role == "assistant" and msg.get("tool_calls"):
-            calls = [
-                _call_text(c["function"]["name"], _arguments_obj(c["function"]["arguments"]))
-                for c in msg["tool_calls"]
-            ]
-            content = "\n".join(([content] if content else []) + calls)
-        elif role == "tool":
-            role = "user"
-            content = f"<tool_response>\n{content}\n</tool_response>"
-        out.append({"role": role, "content": content})
-    return with_system_text(out, tool_system_prompt(tools)) if tools else out
-
-
-def with_system_text(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
-    """`messages` with `text` after the system message's own (or as the system message)."""
-    if messages and messages[0]["role"] == "system":
-        first = {"role": "system", "content": messages[0]["content"] + "\n\n" + text}
-        return [first, *messages[1:]]
-    return [{"role": "system", "content": text}, *messages]
-
-
-def _text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    # OpenAI content parts: only text parts are meaningful to a text model.
-    return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-
-
-def _arguments_obj(arguments: Any) -> Any:
-    if isinstance(arguments, str):
-        try:
-            return json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError:
-            return arguments
-    return arguments
-
-
-def _call_text(name: str, arguments: Any) -> str:
-    body = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
-    return f"{TOOL_CALL_OPEN}\n{body}\n{TOOL_CALL_CLOSE}"
+    return _HERMES.prepare_messages(messages, tools)
 
 
 # ----- forced decoding ---------------------------------------------------------------------
@@ -210,7 +154,7 @@ def _placeholder(schema: dict[str, Any]) -> Any:
 
 def render_free(calls: list[ParsedCall]) -> str:
     """Text the model writes for `calls` when decoding freely with the tool prompt."""
-    return "\n".join(_call_text(c.name, c.arguments) for c in calls)
+    return _HERMES.render(calls)
 
 
 def order_like_schema(value: Any, schema: dict[str, Any]) -> Any:
@@ -239,19 +183,7 @@ def parse_forced(text: str, named: str | None) -> ParsedOutput:
 
 def parse_free(text: str) -> ParsedOutput:
     """Split free text into content and `<tool_call>` blocks; malformed blocks stay content."""
-    calls: list[ParsedCall] = []
-    for match in _TOOL_CALL_RE.finditer(text):
-        try:
-            obj = json.loads(match.group(1))
-        except json.JSONDecodeError:
-            continue
-        if isinstance(obj, dict) and isinstance(obj.get("name"), str):
-            args = obj.get("arguments", obj.get("parameters", {}))
-            calls.append(ParsedCall(name=obj["name"], arguments=_arguments_obj(args) or {}))
-    if not calls:
-        return ParsedOutput(content=text, calls=[])
-    content = text[: text.find(TOOL_CALL_OPEN)].strip()
-    return ParsedOutput(content=content or None, calls=calls)
+    return _HERMES.parse(text)
 
 
 def new_call_id() -> str:
