@@ -50,7 +50,7 @@ class TemplateTool:
         }
         if self.strict is not None:
             function["strict"] = self.strict
-        return {"type": "function", "function": function, "defer_loading": None}
+        return {"type": "function", "function": function}
 
 
 def template_renders_tools(tokenizer: ChatTokenizer) -> bool:

@@ -1,0 +1,203 @@
+"""Prompts through a chat template that renders tools are the bytes vLLM's OpenAI server
+renders for the same request (its own code: `parse_chat_messages`, `safe_apply_chat_template`,
+`ChatCompletionRequest.build_chat_params`), and templates that ignore tools keep the format's
+fallback prompt.
+
+The embedded SmolLM2 template ignores tools, so a copy of the model folder (tokenizer and
+config only) gets a small tools-aware template in Qwen's style."""
+
+from __future__ import annotations
+
+import shutil
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.api.errors import ApiError
+from app.api.openai_models import ChatCompletionRequest
+from app.config import AppConfig
+from app.engine import chat_prompt
+from app.engine.main_model import MainModelService
+from app.engine.tool_formats import get_format
+
+TOOLS_TEMPLATE = """\
+{%- if tools %}<|im_start|>system
+{{ messages[0]['content'] if messages[0]['role'] == 'system' else 'You are helpful.' }}
+
+# Tools
+<tools>
+{%- for tool in tools %}
+{{ tool | tojson }}
+{%- endfor %}
+</tools><|im_end|>
+{% elif messages[0]['role'] == 'system' %}<|im_start|>system
+{{ messages[0]['content'] }}<|im_end|>
+{% endif %}
+{%- for message in messages %}
+{%- if message.role == 'system' %}
+{%- elif message.role == 'assistant' %}<|im_start|>assistant
+{{ message.content }}
+{%- for tc in message.tool_calls or [] %}
+<tool_call>
+{"name": "{{ tc.function.name }}", "arguments": {{ tc.function.arguments | tojson }}}
+</tool_call>
+{%- endfor %}<|im_end|>
+{% elif message.role == 'tool' %}<|im_start|>user
+<tool_response id="{{ message.tool_call_id }}">
+{{ message.content }}
+</tool_response><|im_end|>
+{% else %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{%- if enable_thinking is defined and enable_thinking is false %}
+<think>
+
+</think>
+{%- endif %}
+{% endif %}"""
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather now",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+BARE = {"type": "function", "function": {"name": "ping"}}  # no description, no parameters
+
+BODIES: list[dict[str, Any]] = [
+    {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [WEATHER]},
+    {"messages": [{"role": "system", "content": "Be brief."},
+                  {"role": "user", "content": [{"type": "text", "text": "Weather"},
+                                               {"type": "text", "text": "in Oslo?"}]}],
+     "tools": [WEATHER, BARE], "tool_choice": "required",
+     "chat_template_kwargs": {"enable_thinking": False, "unused_by_template": 1}},
+    {"messages": [
+        {"role": "user", "content": "Weather in Rome, then ping."},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}},
+            {"id": "call_2", "type": "function", "function": {"name": "ping", "arguments": ""}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 21}'},
+        {"role": "tool", "tool_call_id": "call_2", "content": "pong"},
+    ], "tools": [WEATHER, BARE], "tool_choice": "auto"},
+    {"messages": [{"role": "user", "content": "Just talk."}], "tools": [WEATHER],
+     "tool_choice": "none"},
+    {"messages": [{"role": "user", "content": "No tools at all."}]},
+]
+
+
+@pytest.fixture(scope="module")
+def tools_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from app.engine.embedded_model import is_prepared, resolve_model_path
+
+    if not is_prepared():
+        pytest.skip("the embedded model is not prepared (`make model`)")
+    source = Path(resolve_model_path("embedded"))
+    folder = tmp_path_factory.mktemp("tools-model")
+    for name in ("config.json", "generation_config.json", "tokenizer.json",
+                 "tokenizer_config.json"):
+        shutil.copy(source / name, folder / name)
+    (folder / "chat_template.jinja").write_text(TOOLS_TEMPLATE)
+    return folder
+
+
+@cache
+def _tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def vllm_prompt(model: Path, body: dict[str, Any]) -> str:
+    """What `vllm serve` renders for `body` (vllm/renderers/hf.py `HfRenderer.render_messages`
+    and online_renderer's tool_dicts, step by step)."""
+    from vllm.config import ModelConfig
+    from vllm.entrypoints.openai.chat_completion.protocol import (
+        ChatCompletionRequest as VllmRequest,
+    )
+    from vllm.renderers.chat_utils import parse_chat_messages
+    from vllm.renderers.hf import resolve_chat_template_content_format, safe_apply_chat_template
+
+    tokenizer = _tokenizer(str(model))
+    config = ModelConfig(model=str(model))
+    request = VllmRequest(model="m", **body)
+    params = request.build_chat_params(None, "auto")
+    tools = None if request.tools is None else [t.model_dump() for t in request.tools]
+    content_format = resolve_chat_template_content_format(
+        chat_template=None, tools=tools, given_format="auto", tokenizer=tokenizer,
+        model_config=config,
+    )
+    conversation, _, _ = parse_chat_messages(request.messages, config, content_format)
+    kwargs = params.get_apply_chat_template_kwargs()
+    kwargs.pop("return_dict", None)
+    return str(safe_apply_chat_template(
+        config, tokenizer, conversation, tools=tools, tokenize=False, **kwargs))
+
+
+class _Engine:
+    """The engine surface the prompt needs: its tokenizer."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.speculation = None
+
+    def chat_prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        text = self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True)
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+
+def service(model: Path, tool_format: str = "hermes") -> MainModelService:
+    config = AppConfig.model_validate({"main": {"engine": {"tool_format": tool_format}}})
+    return MainModelService(config, engine=_Engine(_tokenizer(str(model))))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("index", range(len(BODIES)))
+def test_prompt_is_vllms_byte_for_byte(tools_model: Path, index: int) -> None:
+    body = BODIES[index]
+    expected = vllm_prompt(tools_model, body)
+    main = service(tools_model)
+    assert main.template[0] is True
+    request = ChatCompletionRequest.model_validate(body)
+    tools = request.tool_dicts() if request.effective_tool_choice != "none" else []
+    ids = main.prompt_ids(request, tools)
+    tokenizer = _tokenizer(str(tools_model))
+    assert tokenizer.decode(ids) == expected
+    assert ids == list(tokenizer.encode(expected, add_special_tokens=False))
+
+
+def test_thinking_switch_reaches_the_template(tools_model: Path) -> None:
+    body = {**BODIES[0], "chat_template_kwargs": {"enable_thinking": False}}
+    main = service(tools_model)
+    request = ChatCompletionRequest.model_validate(body)
+    text = _tokenizer(str(tools_model)).decode(main.prompt_ids(request, request.tool_dicts()))
+    assert text.endswith("<think>\n\n</think>")
+
+
+def test_reserved_template_kwargs_are_a_400(tools_model: Path) -> None:
+    request = ChatCompletionRequest.model_validate(
+        {**BODIES[0], "chat_template_kwargs": {"tokenize": True}})
+    with pytest.raises(ApiError) as err:
+        service(tools_model).prompt_ids(request, request.tool_dicts())
+    assert err.value.status == 400 and "tokenize" in str(err.value)
+
+
+def test_template_that_ignores_tools_gets_the_format_prompt() -> None:
+    from app.engine.embedded_model import is_prepared, resolve_model_path
+
+    if not is_prepared():
+        pytest.skip("the embedded model is not prepared (`make model`)")
+    model = Path(resolve_model_path("embedded"))
+    tokenizer = _tokenizer(str(model))
+    assert chat_prompt.template_renders_tools(tokenizer) is False
+    request = ChatCompletionRequest.model_validate(BODIES[0])
+    for name in ("hermes", "pythonic"):
+        main = service(model, name)
+        text = tokenizer.decode(main.prompt_ids(request, request.tool_dicts()))
+        assert get_format(name).system_prompt(request.tool_dicts()) in text
+
+
+def test_probe_detects_tools_aware_template(tools_model: Path) -> None:
+    assert chat_prompt.template_renders_tools(_tokenizer(str(tools_model))) is True
