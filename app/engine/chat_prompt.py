@@ -68,6 +68,42 @@ def template_renders_tools(tokenizer: ChatTokenizer) -> bool:
     return bool(with_tools != plain)
 
 
+_PROBE_CALL = {"role": "assistant", "content": "", "tool_calls": [{
+    "id": "call_probe", "type": "function",
+    "function": {"name": "ooo_spec_probe_tool", "arguments": {"city": "Paris"}}}]}
+
+
+def template_call_text(tokenizer: ChatTokenizer) -> str | None:
+    """How the template writes a past assistant call: the text a probe call adds to the
+    conversation; None when the template cannot render it."""
+    try:
+        before = str(tokenizer.apply_chat_template(
+            _PROBE_MESSAGES, tools=_PROBE_TOOLS, tokenize=False))
+        after = str(tokenizer.apply_chat_template(
+            [*_PROBE_MESSAGES, _PROBE_CALL], tools=_PROBE_TOOLS, tokenize=False))
+    except Exception:
+        return None
+    common = 0
+    while common < min(len(before), len(after)) and before[common] == after[common]:
+        common += 1
+    return after[common:]
+
+
+def format_mismatch(tokenizer: ChatTokenizer, fmt: ToolFormat) -> str | None:
+    """A warning when the chat template renders tools but writes calls in another dialect
+    than the configured format (the model would then be parsed with the wrong parser)."""
+    if not template_renders_tools(tokenizer):
+        return None
+    written = template_call_text(tokenizer)
+    if written is None or fmt.writes_call(written):
+        return None
+    return (
+        f"the model's chat template renders tools but writes a call as {written.strip()[:120]!r}, "
+        f"which is not the {fmt.name!r} format (main.engine.tool_format); choose the format "
+        f"vLLM would use for this model (--tool-call-parser)"
+    )
+
+
 def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """OpenAI messages as vLLM hands them to a chat template (string content format)."""
     out: list[dict[str, Any]] = []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
@@ -34,6 +35,8 @@ from app.engine.tool_formats import get_format
 from app.engine.vllm_engine import GenerationTally, VllmEngine
 from app.spec.prediction import PredictedCall, Prediction
 from app.spec.validation import validate_arguments
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -74,6 +77,9 @@ class MainModelService:
 
     def start(self) -> None:
         self.engine.start()
+        mismatch = chat_prompt.format_mismatch(self.engine.tokenizer, self.format)
+        if mismatch:
+            logger.warning("tool format: %s", mismatch)
 
     @property
     def model_name(self) -> str:

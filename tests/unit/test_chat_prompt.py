@@ -201,3 +201,22 @@ def test_template_that_ignores_tools_gets_the_format_prompt() -> None:
 
 def test_probe_detects_tools_aware_template(tools_model: Path) -> None:
     assert chat_prompt.template_renders_tools(_tokenizer(str(tools_model))) is True
+
+
+def test_mismatch_between_template_and_format_is_reported(tools_model: Path) -> None:
+    tokenizer = _tokenizer(str(tools_model))
+    assert "<tool_call>" in (chat_prompt.template_call_text(tokenizer) or "")
+    assert chat_prompt.format_mismatch(tokenizer, get_format("hermes")) is None
+    for name in ("mistral", "pythonic"):
+        warning = chat_prompt.format_mismatch(tokenizer, get_format(name))
+        assert warning is not None and repr(name) in warning
+
+
+def test_no_mismatch_for_a_template_that_ignores_tools() -> None:
+    from app.engine.embedded_model import is_prepared, resolve_model_path
+
+    if not is_prepared():
+        pytest.skip("the embedded model is not prepared (`make model`)")
+    tokenizer = _tokenizer(resolve_model_path("embedded"))
+    for name in ("hermes", "llama3_json", "mistral", "pythonic"):
+        assert chat_prompt.format_mismatch(tokenizer, get_format(name)) is None

@@ -97,6 +97,11 @@ class ToolFormat(ABC):
         """Index in `text` where the first call starts; -1 when none has started."""
         return text.find(self.start_marker)
 
+    def writes_call(self, text: str) -> bool:
+        """True when `text` (a chat template's rendering of a past call) has a call in this
+        format: how a template's own dialect is told apart from the configured one."""
+        return self.start_marker in text
+
     @abstractmethod
     def parse(self, text: str) -> ParsedOutput:
         """A finished output split into content and calls, as vLLM's parser of the same name

@@ -48,6 +48,9 @@ class PythonicFormat(ToolFormat):
 
         return "[" + ", ".join(one(c) for c in calls) + "]"
 
+    def writes_call(self, text: str) -> bool:
+        return re.search(r"\[\s*[a-zA-Z]\w*\(", text) is not None
+
     def call_start(self, text: str) -> int:
         return 0 if text.startswith("[") else -1
 
