@@ -190,3 +190,37 @@ def test_mistral_content_before_the_marker() -> None:
     parsed = get_format("mistral").parse('Checking.[TOOL_CALLS][{"name": "f", "arguments": {}}]')
     assert parsed.content == "Checking."
     assert [c.name for c in parsed.calls] == ["f"]
+
+
+# ----- streaming: what may be sent before a call --------------------------------------------
+@pytest.mark.parametrize(("name", "text", "expected"), [
+    ("hermes", "Let me check.", ("Let me check.", False)),
+    ("hermes", "Let me check.<tool", ("Let me check.", False)),  # maybe a marker: held back
+    ("hermes", "Let me check.<tool_call>\n{", ("Let me check.", True)),
+    ("hermes", "a < b", ("a < b", False)),
+    ("mistral", "Sure[TOOL_", ("Sure", False)),
+    ("mistral", "Sure[TOOL_CALLS][{", ("Sure", True)),
+    ("llama3_json", "<|python", ("", False)),
+    ("llama3_json", '{"name', ("", True)),
+    ("llama3_json", 'Use {"name": 1}', ('Use {"name": 1}', False)),
+    ("pythonic", "[get_weather(", ("", True)),
+    ("pythonic", "It is sunny.", ("It is sunny.", False)),
+])
+def test_stream_content(name: str, text: str, expected: tuple[str, bool]) -> None:
+    assert get_format(name).stream_content(text) == expected
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_streamed_content_never_runs_ahead_of_the_final_parse(name: str) -> None:
+    """Prose then a call, streamed a character at a time: the content sent is always a
+    prefix of the final content, and the call is seen as started by the end."""
+    fmt = get_format(name)
+    call = fmt.render([ParsedCall("get_weather", {"city": "Paris"})])
+    prose = "" if name in ("llama3_json", "pythonic") else "Checking now. "
+    text = prose + call
+    final = fmt.parse(text)
+    assert [c.name for c in final.calls] == ["get_weather"]
+    for end in range(len(text) + 1):
+        sent, started = fmt.stream_content(text[:end])
+        assert (final.content or "").startswith(sent.strip()) or sent.strip() == ""
+    assert started

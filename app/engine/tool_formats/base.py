@@ -97,6 +97,18 @@ class ToolFormat(ABC):
         """Index in `text` where the first call starts; -1 when none has started."""
         return text.find(self.start_marker)
 
+    def stream_content(self, text: str) -> tuple[str, bool]:
+        """While an output streams: (the content that can be sent now, whether a call has
+        started). Before a call, a suffix that may be the start of the marker is held back
+        (as vLLM's streaming parsers hold back a partial `<tool_call>`)."""
+        start = self.call_start(text)
+        if start >= 0:
+            return text[:start], True
+        for size in range(min(len(self.start_marker) - 1, len(text)), 0, -1):
+            if self.start_marker.startswith(text[-size:]):
+                return text[:-size], False
+        return text, False
+
     def writes_call(self, text: str) -> bool:
         """True when `text` (a chat template's rendering of a past call) has a call in this
         format: how a template's own dialect is told apart from the configured one."""

@@ -45,6 +45,15 @@ class Llama3JsonFormat(ToolFormat):
         tagged = text.find(PYTHON_TAG)
         return tagged if tagged >= 0 else text.find("{")
 
+    def stream_content(self, text: str) -> tuple[str, bool]:
+        """vLLM streams a call only when the output opens with one (`{` or the python tag);
+        any other output is content as it comes."""
+        if text.startswith((PYTHON_TAG, "{")):
+            return "", True
+        if PYTHON_TAG.startswith(text):
+            return "", False
+        return text, False
+
     def parse(self, text: str) -> ParsedOutput:
         """Every top-level JSON object is a call (`arguments` or `parameters`); if any `{`
         does not open such an object, the whole text is content, as in vLLM."""

@@ -54,6 +54,10 @@ class PythonicFormat(ToolFormat):
     def call_start(self, text: str) -> int:
         return 0 if text.startswith("[") else -1
 
+    def stream_content(self, text: str) -> tuple[str, bool]:
+        """Like vLLM: an output that opens with `[` is a call list, any other is content."""
+        return ("", True) if text.startswith("[") else (text, False)
+
     def parse(self, text: str) -> ParsedOutput:
         if not _LIST_START_RE.match(text):
             return ParsedOutput(content=text, calls=[])
