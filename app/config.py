@@ -66,6 +66,12 @@ class EngineConfig(_Strict):
         "for the same dialect (app/engine/tool_formats/): the fallback tool prompt for chat "
         "templates that ignore tools, how candidates are rendered, how outputs are parsed.",
     )
+    reasoning_parser: Literal["deepseek_r1", "qwen3"] | None = Field(
+        None,
+        description="Thinking models, by the name of vLLM's reasoning parser: the "
+        "<think>...</think> block is returned as the message's reasoning, never parsed as a "
+        "call, and drafts start after it closes (app/engine/reasoning.py). None: no thinking.",
+    )
 
 
 class LoadAwareConfig(_Strict):

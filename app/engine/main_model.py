@@ -23,6 +23,7 @@ from app.api.openai_models import CandidateReport, ChatCompletionRequest
 from app.config import AppConfig
 from app.engine import chat_prompt
 from app.engine.history import InvocationHistory, request_text
+from app.engine.reasoning import Reasoning
 from app.engine.tool_format import (
     ParsedCall,
     ParsedOutput,
@@ -47,6 +48,8 @@ class PreparedRequest:
     mode: str  # 'none' | 'auto' | 'required' | 'named'
     tools: list[dict[str, Any]]
     speculate: bool
+    # Thinking models (`main.engine.reasoning_parser`); None: the output has no reasoning.
+    reasoning: Reasoning | None = None
 
 
 @dataclass
@@ -123,6 +126,10 @@ class MainModelService:
             # Without the candidate proposer nothing would read the drafts.
             speculate=request.ooo_spec.enabled and bool(tools)
             and self.engine.speculation is not None,
+            # Forced outputs are JSON from the first token: no room to think.
+            reasoning=Reasoning.for_request(
+                self.config.main.engine.reasoning_parser, request.chat_template_kwargs
+            ) if mode in ("auto", "none") else None,
         )
 
     @property
@@ -257,6 +264,18 @@ class MainModelService:
         internal: list[str] = []
         arrived = asyncio.Event()
         pending_render: list[str] = []
+        # Drafts start after the model's own reasoning: until it ends candidates wait, then
+        # they are offered behind the text written so far (`opened` holds that prefix).
+        thinking = prepared.reasoning is not None and prepared.reasoning.thinking
+        opened: list[str] = [] if thinking else [""]
+
+        def offer(request_id: str, texts: list[str]) -> None:
+            if not opened or not texts:
+                return
+            prefix = opened[0]
+            if prefix:  # the model may or may not leave a blank line after its thoughts
+                texts = [prefix + sep + t for t in texts for sep in ("", "\n\n")]
+            self.engine.store.add_candidates(request_id, texts)
 
         async def receive() -> None:
             nonlocal intake
@@ -279,12 +298,12 @@ class MainModelService:
             pending_render[:0] = rendered  # predictions before schema drafts: they win ties
             arrived.set()
             if internal and rendered:
-                self.engine.store.add_candidates(internal[0], rendered)
+                offer(internal[0], rendered)
 
         def on_start(request_id: str) -> None:
             internal.append(request_id)
             if pending_render:
-                self.engine.store.add_candidates(request_id, pending_render)
+                offer(request_id, pending_render)
 
         history_reports: list[CandidateReport] = []
         if prepared.speculate and self.uses_history(prepared):
@@ -300,6 +319,14 @@ class MainModelService:
                 realign=prepared.request.ooo_spec.realign,
             ):
                 tally.add(delta)
+                if not opened and delta.text:
+                    assert prepared.reasoning is not None
+                    so_far = "".join(tally.text)
+                    end = prepared.reasoning.ended_at(so_far)
+                    if end is not None:
+                        opened.append(so_far[:end])
+                        if internal:
+                            offer(internal[0], pending_render)
                 if delta.text:
                     yield {"type": "delta", "text": delta.text}
         finally:
@@ -309,7 +336,12 @@ class MainModelService:
                     intake = CandidateIntake(status="late")
         result = tally.result()
         drafted = result.speculation.drafted_tokens if result.speculation else 0
-        parsed = self.parse(prepared, result.text)
+        reasoning, answer = (
+            prepared.reasoning.split(result.text) if prepared.reasoning is not None
+            else (None, result.text)
+        )
+        parsed = (self.parse(prepared, answer) if answer is not None
+                  else ParsedOutput(content=None, calls=[]))
         if parsed.calls and result.finish_reason != "length" and self.uses_history(prepared):
             assert self.history is not None
             self.history.record(
@@ -320,6 +352,7 @@ class MainModelService:
             "type": "final",
             "text": result.text,
             "content": parsed.content,
+            "reasoning": reasoning,
             "calls": [{"name": c.name, "arguments": c.arguments} for c in parsed.calls],
             "finish_reason": result.finish_reason,
             "prompt_tokens": result.prompt_tokens,
