@@ -25,7 +25,9 @@ from app.config_check import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = sorted(ROOT.glob("configs/*.yaml")) + sorted(ROOT.glob("k8s/overlays/*/serve-config.yaml"))
+SHIPPED = sorted(ROOT.glob("configs/*.yaml")) + sorted(
+    ROOT.glob("k8s/overlays/*/serve-config.yaml")
+)
 GPU_CONFIG = ROOT / "configs" / "cluster-gpu-h100-l4.yaml"
 
 
