@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Field, ValidationError
 
-from app.config import ActorOptions, AppConfig, EngineConfig, ModelDims
+from app.config import AppConfig, EngineConfig, ModelDims
 from app.engine.engine_args import (
     DEFAULT_BLOCK_SIZE,
     Platform,
@@ -38,16 +38,21 @@ from app.engine.engine_args import (
 
 GIB = 1 << 30
 
-# Serve deployment name -> the AppConfig section of its options (deployments/app.py).
-DEPLOYMENT_PARTS: dict[str, str] = {
-    "Router": "router",
-    "MainModel": "main",
-    "Sidecar": "sidecar",
-    "ToolWorker": "tool_worker",
-    "MainModelNgram": "baselines.ngram",
-}
 # The keys of Serve's `ray_actor_options` that place a replica.
 _ACTOR_KEYS = ("num_cpus", "num_gpus", "memory", "resources", "accelerator_type")
+# Where a deployment without a `deployments:` entry takes its actor options from.
+CODE_DEFAULT = "code default (deployments/app.py)"
+
+
+class ActorOptions(BaseModel):
+    """The part of a deployment's Serve `ray_actor_options` that decides where it runs."""
+
+    num_cpus: float = Field(1, ge=0)
+    num_gpus: float = Field(0, ge=0)
+    memory: int | None = None
+    resources: dict[str, float] = Field(default_factory=dict)
+    accelerator_type: str | None = None
+
 
 # Total memory per GPU as the driver reports it (nvidia-smi), by Ray's accelerator type names.
 GPU_MEMORY_MIB: dict[str, int] = {
@@ -134,23 +139,14 @@ def deployment_actor_options(
 ) -> dict[str, tuple[ActorOptions, str]]:
     """Actor options of every deployment the application has, by Serve deployment name, with
     where they were read: the Serve config's `deployments:` entry of that name when it sets
-    `ray_actor_options` (Serve applies those over the code's), else the AppConfig section's
-    `deployment.actor`."""
+    `ray_actor_options` (Serve applies those over the code's), else the code's default (one
+    CPU, no GPU: GPU deployments must say so in their entries)."""
     entries: dict[str, Mapping[str, Any]] = {}
     for entry in application.get("deployments") or []:
         if isinstance(entry, Mapping) and isinstance(entry.get("name"), str):
             entries[entry["name"]] = entry
-    sections: dict[str, ActorOptions] = {
-        "Router": config.router.deployment.actor,
-        "MainModel": config.main.deployment.actor,
-        "ToolWorker": config.tool_worker.deployment.actor,
-    }
-    if config.sidecar.enabled:
-        sections["Sidecar"] = config.sidecar.deployment.actor
-    if config.baselines.ngram.enabled:
-        sections["MainModelNgram"] = config.baselines.ngram.deployment.actor
     out: dict[str, tuple[ActorOptions, str]] = {}
-    for name, fallback in sections.items():
+    for name in config.deployment_names():
         raw = (entries.get(name) or {}).get("ray_actor_options")
         if isinstance(raw, Mapping):
             picked = {k: raw[k] for k in _ACTOR_KEYS if k in raw and raw[k] is not None}
@@ -159,7 +155,7 @@ def deployment_actor_options(
                 f"deployments[{name}].ray_actor_options",
             )
         else:
-            out[name] = (fallback, f"{DEPLOYMENT_PARTS[name]}.deployment.actor")
+            out[name] = (ActorOptions(), CODE_DEFAULT)
     return out
 
 

@@ -14,6 +14,7 @@ import yaml
 from app.cli import main as cli_main
 from app.config import AppConfig
 from app.config_check import (
+    CODE_DEFAULT,
     KNOWN_MODELS,
     ConfigReport,
     check_file,
@@ -144,9 +145,9 @@ def test_ngram_baseline_on_gpus_needs_its_own_gpu() -> None:
     args["baselines"] = {"ngram": {"enabled": True}}
     errors = check(config).errors
     assert any("MainModelNgram" in e and "num_gpus" in e for e in errors)
-    args["baselines"]["ngram"]["deployment"] = {
-        "actor": {"num_gpus": 1, "resources": {"main_pool": 1}}
-    }
+    config["applications"][0]["deployments"].append({
+        "name": "MainModelNgram", "ray_actor_options": {"num_gpus": 1,
+                                                        "resources": {"main_pool": 1}}})
     report = check(config)
     assert report.ok, report.errors
     ngram = deployment(report, "MainModelNgram")
@@ -160,7 +161,7 @@ def test_actor_options_come_from_serve_deployments_entries_first() -> None:
     app_config = AppConfig.model_validate(application["args"])
     before = deployment_actor_options(application, app_config)
     assert before["MainModel"][0].num_gpus == 1
-    assert before["MainModel"][1] == "main.deployment.actor"
+    assert before["MainModel"][1] == "deployments[MainModel].ray_actor_options"
     application["deployments"] = [
         {"name": "MainModel", "ray_actor_options": {
             "num_cpus": 8, "num_gpus": 1, "accelerator_type": "A100-80G",
@@ -169,7 +170,8 @@ def test_actor_options_come_from_serve_deployments_entries_first() -> None:
     after = deployment_actor_options(application, app_config)
     assert after["MainModel"][0].num_cpus == 8
     assert after["MainModel"][1] == "deployments[MainModel].ray_actor_options"
-    assert after["Sidecar"][1] == "sidecar.deployment.actor"
+    assert after["Sidecar"][1] == CODE_DEFAULT  # no entry: one CPU, no GPU
+    assert after["Sidecar"][0].num_gpus == 0
     # An engine without gpu_type takes the deployment's accelerator type.
     del application["args"]["main"]["engine"]["gpu_type"]
     assert deployment(check(config), "MainModel").gpu_type == "A100-80G"
