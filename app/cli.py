@@ -158,8 +158,41 @@ def add_bench_command(subparsers: Subparsers) -> None:
     bench.set_defaults(func=_bench)
 
 
+def _config_check(args: argparse.Namespace) -> int:
+    from app import config_check
+
+    failed = False
+    for path in args.files:
+        try:
+            report = config_check.check_file(path)
+        except (OSError, config_check.ConfigCheckError) as error:
+            print(f"ooo-spec: error: {error}", file=sys.stderr)
+            failed = True
+            continue
+        print(config_check.report_json(report) if args.json else config_check.format_report(report))
+        failed = failed or not report.ok
+    return 1 if failed else 0
+
+
+def add_config_commands(subparsers: Subparsers) -> None:
+    config = subparsers.add_parser("config", help="check Serve config files before deploying")
+    actions = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
+    check = actions.add_parser(
+        "check",
+        help="validate a Serve config and say whether its engines can start",
+        description="Validate every application's args of a Ray Serve config file (or a "
+        "RayService manifest's serveConfigV2), print per deployment where it runs, the vLLM "
+        "engine arguments and environment it gets and whether the KV cache holds one "
+        "max_model_len request. Exit code 1 when a config cannot start; each error names the "
+        "setting to change.",
+    )
+    check.add_argument("files", nargs="+", metavar="FILE", help="Serve config file(s)")
+    check.add_argument("--json", action="store_true", help="one JSON report per file")
+    check.set_defaults(func=_config_check)
+
+
 COMMANDS: tuple[Callable[[Subparsers], None], ...] = (
-    add_models_commands, add_serve_command, add_bench_command,
+    add_models_commands, add_serve_command, add_bench_command, add_config_commands,
 )
 
 

@@ -31,6 +31,15 @@ ROUTER, MAIN, SIDECAR, TOOL_WORKER, MAIN_NGRAM = (
 )
 
 
+class ModelDims(_Strict):
+    """What sizes a model's KV cache and weights (from its config.json)."""
+
+    num_hidden_layers: int = Field(..., ge=1)
+    num_key_value_heads: int = Field(..., ge=1)
+    head_dim: int = Field(..., ge=1)
+    num_parameters: float = Field(..., gt=0, description="Parameter count, e.g. 8.2e9.")
+
+
 class EngineConfig(_Strict):
     """One vLLM engine (main model or sidecar)."""
 
@@ -43,10 +52,32 @@ class EngineConfig(_Strict):
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
     max_model_len: int = Field(2048, ge=128)
     max_num_seqs: int = Field(16, ge=1)
-    kv_cache_gib: float = Field(
-        0.5, gt=0, description="KV cache size on CPU (VLLM_CPU_KVCACHE_SPACE)."
+    kv_cache_gib: float | None = Field(
+        None, gt=0,
+        description="KV cache size in GiB. CPU: None = 0.5 (whole GiB go through "
+        "VLLM_CPU_KVCACHE_SPACE, less through kv_cache_memory_bytes). GPU: None = what "
+        "`gpu_memory_utilization` leaves after weights and activations (vLLM profiles it); "
+        "set it only to pin the cache (e.g. two engines sharing one GPU), as it then "
+        "overrides `gpu_memory_utilization`.",
     )
-    gpu_memory_utilization: float = Field(0.85, gt=0, le=1)
+    gpu_memory_utilization: float = Field(
+        0.85, gt=0, le=1,
+        description="GPU only: share of the GPU's memory this engine may take (weights, "
+        "activations, KV cache). vLLM refuses to start when less than that is free.",
+    )
+    gpu_type: str | None = Field(
+        None,
+        description="GPU only: the GPU model the replicas run on, by Ray's accelerator names "
+        "('H100', 'L4', 'A100-80G', ...), for `ooo-spec config check` to size the KV cache "
+        "against its memory. Placement stays with the pool resources (an autoscaler cannot "
+        "see Ray's accelerator_type on nodes that do not exist yet); None = the deployment's "
+        "`accelerator_type`.",
+    )
+    model_dims: ModelDims | None = Field(
+        None,
+        description="The model's dimensions for `ooo-spec config check`, when its "
+        "config.json is not local and the model is not in the check's table of known models.",
+    )
     cpu_bind: str | None = Field(
         None,
         description="Cores for the engine's threads (VLLM_CPU_OMP_THREADS_BIND), e.g. '0'. "
@@ -137,7 +168,7 @@ class SpeculationConfig(_Strict):
 class SidecarConfig(_Strict):
     enabled: bool = True
     engine: EngineConfig = Field(
-        default_factory=lambda: EngineConfig(kv_cache_gib=0.5, block_size=32)
+        default_factory=lambda: EngineConfig(block_size=32)
     )
     mode: Literal["slots", "whole"] = Field(
         "slots",

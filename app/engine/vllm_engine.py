@@ -5,7 +5,8 @@ proposer) in a child process, so candidates arriving in the Serve replica would 
 channel plus a row-to-request map. An in-process `LLMEngine` stepped from a thread shares
 memory with the replica: the proposer reads the same `CandidateStore` object the replica writes,
 and each step's outputs are exactly one forward pass, which is what `main.steps` counts.
-The engine is only touched from its own thread; callers talk to it through a command queue.
+The engine is built and only ever touched on its own thread; callers talk to it through a
+command queue. Its arguments come from `engine_args.py` (one pure function per platform).
 """
 
 from __future__ import annotations
@@ -24,10 +25,16 @@ from typing import Any
 from app.config import EngineConfig, SpeculationConfig
 from app.engine.candidate_store import CandidateStore, RequestSpeculation
 from app.engine.embedded_model import resolve_model_path
+from app.engine.engine_args import (
+    EngineLaunch,
+    apply_env,
+    custom_proposer_config,
+    detect_platform,
+    engine_launch,
+)
 
 logger = logging.getLogger(__name__)
 
-PROPOSER_CLASS = "app.engine.candidate_proposer.CandidateProposer"
 
 
 @dataclass
@@ -109,22 +116,6 @@ class RequestRejected(ValueError):
     cannot compile into a grammar): the request's fault, not the server's."""
 
 
-def _set_engine_env(cfg: EngineConfig) -> None:
-    # Read by vLLM at import/engine-build time, so they must be set before either.
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    if cfg.kv_cache_gib >= 1:
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(round(cfg.kv_cache_gib)))
-    else:
-        # VLLM_CPU_KVCACHE_SPACE takes whole GiB; smaller caches go through kv_cache_memory.
-        os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
-    if cfg.cpu_bind:
-        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cfg.cpu_bind
-    else:
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
 class VllmEngine:
     """One vLLM engine. `speculation` set = main model with the candidate proposer;
     `vllm_speculative` set instead = vLLM's own speculative method (the n-gram baseline)."""
@@ -153,45 +144,47 @@ class VllmEngine:
         self.engine: Any = None
         self.tokenizer: Any = None
         self.model_path = ""
+        self.launch: EngineLaunch | None = None
+        self._build_error: BaseException | None = None
 
     # ----- lifecycle -------------------------------------------------------------------
     def start(self) -> None:
-        """Build the engine (blocking, seconds) and start the step thread."""
-        _set_engine_env(self.cfg)
-        if self.vllm_speculative is not None:
-            # vLLM's n-gram lookup is numba `parallel=True` code: with numba's default pool
-            # (one thread per core) the idle workers spin between steps and take the core the
-            # model needs (seen on 2 cores: passes up to 10x slower). One thread = the lookup
-            # runs on the engine's own thread. Read when numba is first imported (by vLLM).
-            os.environ.setdefault("NUMBA_NUM_THREADS", "1")
+        """Build the engine and start stepping it (blocking, seconds to minutes).
+
+        The step-loop thread builds the engine itself and only then serves: on CUDA, vLLM's
+        current stream is per thread and CUDA graphs are captured during the build, so the
+        thread that steps must be the one that built. A build error is raised here.
+        """
+        platform = detect_platform()
+        self.model_path = resolve_model_path(self.cfg.model)
+        speculative = (
+            custom_proposer_config(self.speculation)
+            if self.speculation is not None
+            else self.vllm_speculative
+        )
+        self.launch = engine_launch(platform, self.cfg, self.model_path, speculative)
+        apply_env(self.launch, os.environ)
+        if platform == "cuda":
+            from app.engine.cuda_driver import check_driver
+
+            check_driver()
+        ready = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, args=(ready,), name="vllm-step-loop", daemon=True
+        )
+        self._thread.start()
+        ready.wait()
+        if self._build_error is not None:
+            self._thread.join()
+            raise self._build_error
+
+    def _build(self) -> None:
+        """Build the engine and bind the proposer (engine thread)."""
         from vllm import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
-        self.model_path = resolve_model_path(self.cfg.model)
-        kwargs: dict[str, Any] = {
-            "model": self.model_path,
-            "served_model_name": self.cfg.served_model_name,
-            "dtype": self.cfg.dtype,
-            "max_model_len": self.cfg.max_model_len,
-            "max_num_seqs": self.cfg.max_num_seqs,
-            "enforce_eager": self.cfg.enforce_eager,
-            "enable_prefix_caching": True,
-            "disable_log_stats": True,
-            "structured_outputs_config": {"backend": "xgrammar"},
-        }
-        if self.cfg.block_size is not None:
-            kwargs["block_size"] = self.cfg.block_size
-        if self.cfg.kv_cache_gib < 1:
-            kwargs["kv_cache_memory_bytes"] = int(self.cfg.kv_cache_gib * (1 << 30))
-        if self.speculation is not None:
-            kwargs["speculative_config"] = {
-                "method": "custom_class",
-                "model": PROPOSER_CLASS,
-                "num_speculative_tokens": self.speculation.num_speculative_tokens,
-            }
-        elif self.vllm_speculative is not None:
-            kwargs["speculative_config"] = dict(self.vllm_speculative)
-        self.engine = LLMEngine.from_engine_args(EngineArgs(**kwargs))
+        assert self.launch is not None, "start() sets the launch before the thread runs"
+        self.engine = LLMEngine.from_engine_args(EngineArgs(**self.launch.kwargs))
         self.tokenizer = self.engine.get_tokenizer()
         if self.speculation is not None:
             from app.engine.candidate_proposer import bind_proposer
@@ -210,8 +203,16 @@ class VllmEngine:
             )
             if not all(bound):
                 raise EngineError("the candidate proposer is not reachable in-process")
-        self._thread = threading.Thread(target=self._loop, name="vllm-step-loop", daemon=True)
-        self._thread.start()
+
+    def _run(self, ready: threading.Event) -> None:
+        try:
+            self._build()
+        except BaseException as exc:  # raised again by start(), on the caller's thread
+            self._build_error = exc
+            return
+        finally:
+            ready.set()
+        self._loop()
 
     def stop(self) -> None:
         self._stopped.set()

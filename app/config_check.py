@@ -1,0 +1,511 @@
+"""`ooo-spec config check`: will this Serve config start? Answered before anything is deployed.
+
+For every application of a Ray Serve config file (or of a RayService manifest's
+`serveConfigV2`), the `args` are validated with `AppConfig`, and for every deployment this says
+where it runs (actor options), which engine arguments and environment its vLLM engine gets
+(`app/engine/engine_args.py`, the functions the replica itself calls) and whether the KV cache
+holds one request of `max_model_len` tokens, which vLLM requires before it serves anything.
+
+KV cache per token, as vLLM sizes a full-attention layer (`v1/kv_cache_interface.py`):
+2 (K and V) x layers x KV heads x head_dim x dtype bytes, in blocks of `block_size` tokens plus
+the one null block the block pool holds back (`v1/core/kv_cache_utils.py`). The model's
+dimensions come from its config.json when it is local (the embedded model, a folder, the
+Hugging Face cache), else from `engine.model_dims`, else from `KNOWN_MODELS`. On a GPU the
+memory comes from `engine.gpu_type` (or the deployment's `accelerator_type`) via `GPU_MEMORY_MIB`.
+What the cache gets on a GPU without `kv_cache_gib` is an estimate: vLLM measures activations
+and CUDA graphs at start, this check reserves `GPU_RESERVE_GIB` for them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, Field, ValidationError
+
+from app.config import AppConfig, EngineConfig, ModelDims
+from app.engine.engine_args import (
+    DEFAULT_BLOCK_SIZE,
+    Platform,
+    cpu_kv_cache_gib,
+    custom_proposer_config,
+    engine_launch,
+)
+
+GIB = 1 << 30
+
+# The keys of Serve's `ray_actor_options` that place a replica.
+_ACTOR_KEYS = ("num_cpus", "num_gpus", "memory", "resources", "accelerator_type")
+# Where a deployment without a `deployments:` entry takes its actor options from.
+CODE_DEFAULT = "code default (deployments/app.py)"
+
+
+class ActorOptions(BaseModel):
+    """The part of a deployment's Serve `ray_actor_options` that decides where it runs."""
+
+    num_cpus: float = Field(1, ge=0)
+    num_gpus: float = Field(0, ge=0)
+    memory: int | None = None
+    resources: dict[str, float] = Field(default_factory=dict)
+    accelerator_type: str | None = None
+
+
+# Total memory per GPU as the driver reports it (nvidia-smi), by Ray's accelerator type names.
+GPU_MEMORY_MIB: dict[str, int] = {
+    "T4": 15_360,
+    "V100": 16_384,
+    "A10": 23_028,
+    "A10G": 23_028,
+    "L4": 23_034,
+    "L40": 46_068,
+    "L40S": 46_068,
+    "A100": 40_960,  # the 40 GB part; name the 80 GB one "A100-80G"
+    "A100-40G": 40_960,
+    "A100-80G": 81_920,
+    "H100": 81_559,
+    "H20": 97_871,
+    "H200": 143_771,
+    "B200": 183_359,
+}
+# Activations of the profiling run, CUDA graphs and memory outside torch, which vLLM measures
+# at start and takes out of `gpu_memory_utilization` before the KV cache: an estimate.
+GPU_RESERVE_GIB = 2.5
+
+# Models a config may name without their config.json at hand.
+KNOWN_MODELS: dict[str, ModelDims] = {
+    "qwen/qwen3-0.6b": ModelDims(
+        num_hidden_layers=28, num_key_value_heads=8, head_dim=128, num_parameters=0.6e9),
+    "qwen/qwen3-1.7b": ModelDims(
+        num_hidden_layers=28, num_key_value_heads=8, head_dim=128, num_parameters=1.7e9),
+    "qwen/qwen3-4b": ModelDims(
+        num_hidden_layers=36, num_key_value_heads=8, head_dim=128, num_parameters=4.0e9),
+    "qwen/qwen3-8b": ModelDims(
+        num_hidden_layers=36, num_key_value_heads=8, head_dim=128, num_parameters=8.2e9),
+    "qwen/qwen3-14b": ModelDims(
+        num_hidden_layers=40, num_key_value_heads=8, head_dim=128, num_parameters=14.8e9),
+    "meta-llama/llama-3.1-8b": ModelDims(
+        num_hidden_layers=32, num_key_value_heads=8, head_dim=128, num_parameters=8.03e9),
+    "meta-llama/llama-3.1-8b-instruct": ModelDims(
+        num_hidden_layers=32, num_key_value_heads=8, head_dim=128, num_parameters=8.03e9),
+    "huggingfacetb/smollm2-135m": ModelDims(
+        num_hidden_layers=30, num_key_value_heads=3, head_dim=64, num_parameters=1.35e8),
+    "huggingfacetb/smollm2-135m-instruct": ModelDims(
+        num_hidden_layers=30, num_key_value_heads=3, head_dim=64, num_parameters=1.35e8),
+}
+EMBEDDED_MODEL_ID = "huggingfacetb/smollm2-135m-instruct"
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+class ConfigCheckError(Exception):
+    """The file cannot be read as a Serve config at all."""
+
+
+# ---------------------------------------------------------------- reading the file
+
+
+def serve_configs(text: str, source: str) -> list[dict[str, Any]]:
+    """The Serve config(s) in a file: a Serve config itself, or a RayService manifest (or a
+    kustomize patch of one) whose `spec.serveConfigV2` holds one as text."""
+    try:
+        documents = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        raise ConfigCheckError(f"{source}: not YAML: {exc}") from None
+    found: list[dict[str, Any]] = []
+    for doc in documents:
+        if not isinstance(doc, dict):
+            continue
+        if "applications" in doc:
+            found.append(doc)
+        elif doc.get("kind") == "RayService":
+            inner = (doc.get("spec") or {}).get("serveConfigV2")
+            if isinstance(inner, str):
+                found += serve_configs(inner, f"{source} (serveConfigV2)")
+    if not found:
+        raise ConfigCheckError(
+            f"{source}: no Serve config (`applications:`) and no RayService serveConfigV2"
+        )
+    return found
+
+
+# ---------------------------------------------------------------- where each deployment runs
+
+
+def deployment_actor_options(
+    application: Mapping[str, Any], config: AppConfig
+) -> dict[str, tuple[ActorOptions, str]]:
+    """Actor options of every deployment the application has, by Serve deployment name, with
+    where they were read: the Serve config's `deployments:` entry of that name when it sets
+    `ray_actor_options` (Serve applies those over the code's), else the code's default (one
+    CPU, no GPU: GPU deployments must say so in their entries)."""
+    entries: dict[str, Mapping[str, Any]] = {}
+    for entry in application.get("deployments") or []:
+        if isinstance(entry, Mapping) and isinstance(entry.get("name"), str):
+            entries[entry["name"]] = entry
+    out: dict[str, tuple[ActorOptions, str]] = {}
+    for name in config.deployment_names():
+        raw = (entries.get(name) or {}).get("ray_actor_options")
+        if isinstance(raw, Mapping):
+            picked = {k: raw[k] for k in _ACTOR_KEYS if k in raw and raw[k] is not None}
+            out[name] = (
+                ActorOptions.model_validate(picked),
+                f"deployments[{name}].ray_actor_options",
+            )
+        else:
+            out[name] = (ActorOptions(), CODE_DEFAULT)
+    return out
+
+
+# ---------------------------------------------------------------- model dimensions
+
+
+def _local_config_json(model: str) -> Path | None:
+    from app.engine.embedded_model import EMBEDDED_MODEL_ALIAS, embedded_model_dir, is_prepared
+
+    if model == EMBEDDED_MODEL_ALIAS:
+        folder = embedded_model_dir()
+        return folder / "config.json" if is_prepared(folder) else None
+    if (Path(model) / "config.json").is_file():
+        return Path(model) / "config.json"
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    try:
+        cached = try_to_load_from_cache(model, "config.json")
+    except ValueError:  # not a repo id
+        return None
+    return Path(cached) if isinstance(cached, str) else None
+
+
+def dims_from_config_json(config: Mapping[str, Any]) -> ModelDims:
+    """KV dimensions and an estimate of the parameter count from a Hugging Face config."""
+    text = config.get("text_config")
+    if isinstance(text, Mapping):
+        config = text
+    hidden = int(config["hidden_size"])
+    heads = int(config["num_attention_heads"])
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    head_dim = int(config.get("head_dim") or hidden // heads)
+    layers = int(config["num_hidden_layers"])
+    intermediate = int(config.get("intermediate_size") or 4 * hidden)
+    vocab = int(config.get("vocab_size") or 0)
+    attention = hidden * head_dim * (2 * heads + 2 * kv_heads)  # q, o and k, v projections
+    mlp = 3 * hidden * intermediate  # gate, up, down
+    embeddings = vocab * hidden * (1 if config.get("tie_word_embeddings", True) else 2)
+    return ModelDims(
+        num_hidden_layers=layers, num_key_value_heads=kv_heads, head_dim=head_dim,
+        num_parameters=float(layers * (attention + mlp) + embeddings),
+    )
+
+
+def model_dims(cfg: EngineConfig) -> tuple[ModelDims, str, str | None] | None:
+    """(dimensions, where they came from, the checkpoint's dtype if known), or None."""
+    if cfg.model_dims is not None:
+        return cfg.model_dims, "engine.model_dims", None
+    path = _local_config_json(cfg.model)
+    if path is not None:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        dtype = raw.get("torch_dtype") or raw.get("dtype")
+        return dims_from_config_json(raw), f"{path}", dtype if isinstance(dtype, str) else None
+    key = EMBEDDED_MODEL_ID if cfg.model == "embedded" else cfg.model.lower()
+    if key in KNOWN_MODELS:
+        return KNOWN_MODELS[key], "table of known models", None
+    return None
+
+
+def kv_bytes_per_token(dims: ModelDims, dtype_bytes: int) -> int:
+    return 2 * dims.num_hidden_layers * dims.num_key_value_heads * dims.head_dim * dtype_bytes
+
+
+def kv_bytes_for_request(per_token: int, max_model_len: int, block_size: int) -> int:
+    """What vLLM requires before it starts: the blocks of one `max_model_len` request, plus
+    the null block the block pool holds back."""
+    return (math.ceil(max_model_len / block_size) + 1) * block_size * per_token
+
+
+# ---------------------------------------------------------------- the report
+
+
+class KvCacheReport(BaseModel):
+    bytes_per_token: int
+    block_size: int
+    request_gib: float = Field(description="One request of max_model_len tokens.")
+    cache_gib: float
+    cache_from: str
+    fits: bool
+    full_length_requests: float = Field(description="How many max_model_len requests fit.")
+
+
+class DeploymentReport(BaseModel):
+    name: str
+    actor: dict[str, Any]
+    actor_from: str
+    platform: Platform | None = None  # None: no vLLM engine
+    gpu_type: str | None = None
+    gpu_memory_gib: float | None = None
+    model: str | None = None
+    model_dims: dict[str, Any] | None = None
+    model_dims_from: str | None = None
+    engine_args: dict[str, Any] | None = None
+    env: dict[str, str] | None = None
+    env_unset: list[str] = Field(default_factory=list)
+    kv_cache: KvCacheReport | None = None
+    errors: list[str] = Field(default_factory=list)
+
+
+class ApplicationReport(BaseModel):
+    name: str
+    deployments: list[DeploymentReport] = Field(default_factory=list)
+    errors: list[str] = Field(default_factory=list)
+
+
+class ConfigReport(BaseModel):
+    source: str
+    applications: list[ApplicationReport] = Field(default_factory=list)
+
+    @property
+    def errors(self) -> list[str]:
+        out: list[str] = []
+        for app in self.applications:
+            out += [f"{app.name}: {e}" for e in app.errors]
+            for dep in app.deployments:
+                out += [f"{app.name}/{dep.name}: {e}" for e in dep.errors]
+        return out
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+def check_file(path: str | Path) -> ConfigReport:
+    text = Path(path).read_text(encoding="utf-8")
+    return check_text(text, str(path))
+
+
+def check_text(text: str, source: str) -> ConfigReport:
+    report = ConfigReport(source=source)
+    for serve_config in serve_configs(text, source):
+        for index, application in enumerate(serve_config.get("applications") or []):
+            report.applications.append(check_application(application, index))
+    return report
+
+
+def _validation_messages(exc: ValidationError) -> list[str]:
+    return [
+        f"args.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" if e["loc"] else e["msg"]
+        for e in exc.errors()
+    ]
+
+
+def check_application(application: Mapping[str, Any], index: int = 0) -> ApplicationReport:
+    report = ApplicationReport(name=str(application.get("name") or f"applications[{index}]"))
+    try:
+        config = AppConfig.model_validate(application.get("args") or {})
+    except ValidationError as exc:
+        report.errors += _validation_messages(exc)
+        return report
+    actors = deployment_actor_options(application, config)
+    engines: dict[str, tuple[EngineConfig, str, dict[str, Any] | None]] = {
+        "MainModel": (config.main.engine, "main.engine",
+                      custom_proposer_config(config.speculation)),
+    }
+    if config.sidecar.enabled:
+        engines["Sidecar"] = (config.sidecar.engine, "sidecar.engine", None)
+    ngram = config.baselines.ngram
+    if ngram.enabled:
+        engines["MainModelNgram"] = (
+            ngram.engine or config.main.engine,
+            "baselines.ngram.engine" if ngram.engine else "main.engine",
+            ngram.speculative_config(),
+        )
+    for name, (actor, actor_from) in actors.items():
+        dep = DeploymentReport(
+            name=name, actor=actor.model_dump(exclude_none=True), actor_from=actor_from
+        )
+        if name in engines:
+            cfg, setting, speculative = engines[name]
+            check_engine(dep, actor, cfg, setting, speculative)
+        report.deployments.append(dep)
+    _check_baseline_hardware(report, actors)
+    return report
+
+
+def _check_baseline_hardware(
+    report: ApplicationReport, actors: Mapping[str, tuple[ActorOptions, str]]
+) -> None:
+    """The n-gram baseline is compared with the main model: it must run on the same hardware,
+    its own GPU when the main model has one."""
+    if "MainModelNgram" not in actors:
+        return
+    main, _ = actors["MainModel"]
+    ngram, ngram_from = actors["MainModelNgram"]
+    if main.num_gpus != ngram.num_gpus:
+        dep = next(d for d in report.deployments if d.name == "MainModelNgram")
+        dep.errors.append(
+            f"the n-gram baseline reserves {ngram.num_gpus} GPUs, the main model "
+            f"{main.num_gpus}: set `{ngram_from}.num_gpus` to {main.num_gpus} so it runs on a "
+            "GPU of its own, like the model it is compared with"
+        )
+
+
+def _platform(actor: ActorOptions) -> Platform:
+    # Ray hides the GPUs from a replica that reserved none, so vLLM's CUDA platform is exactly
+    # the replicas with num_gpus > 0 (app/engine/engine_args.py: detect_platform).
+    return "cuda" if actor.num_gpus > 0 else "cpu"
+
+
+def _model_path_for_display(model: str) -> str:
+    from app.engine.embedded_model import EMBEDDED_MODEL_ALIAS, embedded_model_dir
+
+    return str(embedded_model_dir()) if model == EMBEDDED_MODEL_ALIAS else model
+
+
+def check_engine(
+    dep: DeploymentReport,
+    actor: ActorOptions,
+    cfg: EngineConfig,
+    setting: str,
+    speculative: dict[str, Any] | None,
+) -> None:
+    """Fill `dep` with the engine's arguments and environment and the KV cache check."""
+    platform = _platform(actor)
+    dep.platform = platform
+    dep.model = cfg.model
+    launch = engine_launch(platform, cfg, _model_path_for_display(cfg.model), speculative)
+    dep.engine_args = launch.kwargs
+    dep.env = launch.effective_env({})
+    dep.env_unset = list(launch.env_unset)
+    found = model_dims(cfg)
+    if found is None:
+        dep.errors.append(
+            f"unknown model {cfg.model!r}: its config.json is not local and it is not in the "
+            f"table of known models; set `{setting}.model_dims`"
+        )
+        return
+    dims, dims_from, checkpoint_dtype = found
+    dep.model_dims, dep.model_dims_from = dims.model_dump(), dims_from
+    dtype = cfg.dtype if cfg.dtype != "auto" else (checkpoint_dtype or "bfloat16")
+    dtype_bytes = DTYPE_BYTES.get(dtype, 2)
+    per_token = kv_bytes_per_token(dims, dtype_bytes)
+    block = cfg.block_size or DEFAULT_BLOCK_SIZE[platform]
+    needed = kv_bytes_for_request(per_token, cfg.max_model_len, block)
+    if platform == "cpu":
+        gib = cpu_kv_cache_gib(cfg)
+        cache = (round(gib) if gib >= 1 else gib) * GIB
+        cache_from = f"{setting}.kv_cache_gib" + ("" if cfg.kv_cache_gib else " (CPU default)")
+    else:
+        gpu_cache = _gpu_cache(dep, actor, cfg, setting, dims, dtype_bytes)
+        if gpu_cache is None:
+            return
+        cache, cache_from = gpu_cache
+    fits = cache >= needed
+    dep.kv_cache = KvCacheReport(
+        bytes_per_token=per_token, block_size=block, request_gib=needed / GIB,
+        cache_gib=max(cache, 0) / GIB, cache_from=cache_from, fits=fits,
+        full_length_requests=max(cache, 0) / needed,
+    )
+    if not fits:
+        if platform == "cuda" and cfg.kv_cache_gib is None:
+            fix = (f"raise `{setting}.gpu_memory_utilization` (or give it a larger GPU), "
+                   f"or lower `{setting}.max_model_len`")
+        else:
+            fix = (f"raise `{setting}.kv_cache_gib` to at least {math.ceil(needed / GIB * 10) / 10}"
+                   f", or lower `{setting}.max_model_len`")
+        dep.errors.append(
+            f"the KV cache ({cache / GIB:.2f} GiB from {cache_from}) cannot hold one request of "
+            f"`{setting}.max_model_len` = {cfg.max_model_len} tokens ({needed / GIB:.2f} GiB at "
+            f"{per_token} bytes per token), so vLLM refuses to start: {fix}"
+        )
+
+
+def _gpu_cache(
+    dep: DeploymentReport,
+    actor: ActorOptions,
+    cfg: EngineConfig,
+    setting: str,
+    dims: ModelDims,
+    dtype_bytes: int,
+) -> tuple[float, str] | None:
+    """(KV cache bytes, where they come from) of a GPU engine; None after an error."""
+    gpu_type = cfg.gpu_type or actor.accelerator_type
+    dep.gpu_type = gpu_type
+    if gpu_type is None or gpu_type not in GPU_MEMORY_MIB:
+        known = ", ".join(GPU_MEMORY_MIB)
+        what = "no GPU type" if gpu_type is None else f"unknown GPU type {gpu_type!r}"
+        dep.errors.append(f"{what}: set `{setting}.gpu_type` to one of {known}")
+        return None
+    total = GPU_MEMORY_MIB[gpu_type] * (1 << 20)
+    dep.gpu_memory_gib = round(total / GIB, 1)
+    if actor.num_gpus < 1 and cfg.gpu_memory_utilization > actor.num_gpus:
+        # vLLM refuses to start when less than utilization x total is free; a replica that
+        # shares its GPU is only sure to find its own share free.
+        dep.errors.append(
+            f"the replica shares its GPU (num_gpus {actor.num_gpus}) but "
+            f"`{setting}.gpu_memory_utilization` is {cfg.gpu_memory_utilization}: set it to at "
+            f"most {actor.num_gpus} (and pin `{setting}.kv_cache_gib`)"
+        )
+        return None
+    budget = cfg.gpu_memory_utilization * total
+    weights = dims.num_parameters * dtype_bytes
+    left = budget - weights - GPU_RESERVE_GIB * GIB
+    if cfg.kv_cache_gib is not None:
+        cache = cfg.kv_cache_gib * GIB
+        if cache > left:
+            dep.errors.append(
+                f"`{setting}.kv_cache_gib` = {cfg.kv_cache_gib} GiB does not fit beside the "
+                f"weights ({weights / GIB:.1f} GiB) and about {GPU_RESERVE_GIB} GiB of "
+                f"activations in `{setting}.gpu_memory_utilization` x {gpu_type} "
+                f"({budget / GIB:.1f} GiB): lower `{setting}.kv_cache_gib` to at most "
+                f"{max(left, 0) / GIB:.1f}"
+            )
+        return cache, f"{setting}.kv_cache_gib"
+    return left, (
+        f"{setting}.gpu_memory_utilization {cfg.gpu_memory_utilization} of {gpu_type} less "
+        f"weights {weights / GIB:.1f} GiB and ~{GPU_RESERVE_GIB} GiB activations (estimate)"
+    )
+
+
+# ---------------------------------------------------------------- printing
+
+
+def format_report(report: ConfigReport) -> str:
+    lines: list[str] = []
+    for app in report.applications:
+        lines.append(f"{report.source}: application {app.name}")
+        for error in app.errors:
+            lines.append(f"  ERROR {error}")
+        for dep in app.deployments:
+            where = dep.platform or "no engine"
+            gpu = f" on {dep.gpu_type} ({dep.gpu_memory_gib} GiB)" if dep.gpu_memory_gib else ""
+            lines.append(f"  {dep.name}: {where}{gpu}; actor {dep.actor} (from {dep.actor_from})")
+            if dep.engine_args is not None:
+                lines.append(f"    model {dep.model}; dims from {dep.model_dims_from}")
+                lines.append(f"    engine args: {json.dumps(dep.engine_args, sort_keys=True)}")
+                env = " ".join(f"{k}={v}" for k, v in sorted((dep.env or {}).items()))
+                unset = f"; unset {' '.join(dep.env_unset)}" if dep.env_unset else ""
+                lines.append(f"    env: {env}{unset}")
+            if dep.kv_cache is not None:
+                kv = dep.kv_cache
+                verdict = "fits" if kv.fits else "DOES NOT FIT"
+                lines.append(
+                    f"    KV cache: {kv.bytes_per_token} B/token; one max_model_len request "
+                    f"{kv.request_gib:.2f} GiB; cache {kv.cache_gib:.2f} GiB ({kv.cache_from}): "
+                    f"{verdict}, {kv.full_length_requests:.1f} full-length requests"
+                )
+            for error in dep.errors:
+                lines.append(f"    ERROR {error}")
+    errors = report.errors
+    lines.append("OK" if not errors else f"{len(errors)} error(s): this config cannot start")
+    return "\n".join(lines)
+
+
+def report_json(report: ConfigReport) -> str:
+    payload = report.model_dump(mode="json")
+    payload["ok"] = report.ok
+    payload["errors"] = report.errors
+    return json.dumps(payload, indent=2, sort_keys=True)
+

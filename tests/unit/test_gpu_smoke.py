@@ -1,0 +1,92 @@
+"""The CPU-side parts of scripts/gpu_smoke.sh (load_tests/gpu_smoke.py): its config, its
+request set and its report. The GPU run itself happens on an operator's GPU host."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from app.config_check import check_file
+from load_tests.bench import Record as BenchRecord
+from load_tests.bench import RequestSettings, build_request, parse_modes
+from load_tests.gpu_smoke import (
+    SMOKE_CONFIG,
+    SmokeRow,
+    format_smoke,
+    run_cases,
+    smoke_cases,
+    smoke_problems,
+    smoke_rows,
+)
+from tests.unit.test_bench import FakeCompletions, cases_q, fake_client
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def args_of(path: Path) -> dict[str, Any]:
+    (application,) = yaml.safe_load(path.read_text())["applications"]
+    args: dict[str, Any] = application["args"]
+    return args
+
+
+def test_smoke_config_is_the_gpu_config_on_one_gpu() -> None:
+    report = check_file(ROOT / SMOKE_CONFIG)
+    assert report.ok, report.errors
+    (app,) = report.applications
+    engines = [d for d in app.deployments if d.engine_args is not None]
+    assert {d.name for d in engines} == {"MainModel", "Sidecar"}
+    assert all(d.platform == "cuda" for d in engines)
+    # One GPU: the replicas' GPU shares add up to at most one.
+    assert sum(float(d.actor.get("num_gpus", 0)) for d in app.deployments) <= 1
+    # Same models, precision and context as the cluster config it stands for.
+    smoke = args_of(ROOT / SMOKE_CONFIG)
+    cluster = args_of(ROOT / "configs" / "cluster-gpu-h100-l4.yaml")
+    for part in ("main", "sidecar"):
+        for key in ("model", "dtype", "max_model_len", "enforce_eager"):
+            assert smoke[part]["engine"][key] == cluster[part]["engine"][key], (part, key)
+
+
+def test_request_set_is_bfcl_with_speculation_off_and_on() -> None:
+    cases = smoke_cases(2)
+    assert [c.category for c in cases] == ["simple_python"] * 2 + ["multiple"] * 2
+    plain, ooo = parse_modes("plain,ooo")
+    settings = RequestSettings(model="qwen3-8b")
+    assert build_request(cases[0], plain, settings)["extra_body"]["ooo_spec"]["enabled"] is False
+    assert build_request(cases[0], ooo, settings)["extra_body"]["ooo_spec"]["enabled"] is True
+
+
+def test_report_from_a_run_against_a_fake_server() -> None:
+    completions = FakeCompletions()
+    rows, stop = run_cases(fake_client(completions), cases_q(3), "m", timeout_s=5)
+    assert stop is None
+    assert [r.case_id for r in rows] == ["simple_python_0", "simple_python_1", "simple_python_2"]
+    first = rows[0]
+    assert (first.plain_passes, first.ooo_passes, first.ooo_tokens) == (10, 2, 20)
+    assert first.ooo_tokens_per_pass == 10.0
+    assert first.identical is True and rows[1].identical is False  # the fake's q1 differs
+    problems = smoke_problems(rows, stop)
+    assert problems == []
+    text = format_smoke(rows, problems)
+    assert "tokens/pass" in text and "10.00" in text and "NO" in text
+    assert "30 passes plain, 6 with speculation" in text and text.endswith("PASS")
+
+
+def test_failures_make_the_smoke_fail() -> None:
+    completions = FakeCompletions(fail_on={("q0", "ooo")})
+    rows, stop = run_cases(fake_client(completions), cases_q(2), "m", timeout_s=5)
+    problems = smoke_problems(rows, stop)
+    assert problems and "simple_python_0" in problems[0] and "boom" in problems[0]
+    assert format_smoke(rows, problems).splitlines()[-1].startswith("FAIL")
+
+
+def test_no_drafting_at_all_fails() -> None:
+    def record(mode: str, steps: int) -> BenchRecord:
+        return BenchRecord(case_id="c", category="simple_python", mode=mode, position=0,
+                           steps=steps, completion_tokens=steps)
+
+    rows = smoke_rows([record("plain", 12), record("ooo", 12)])
+    assert rows == [SmokeRow("c", 12, 12, 12, 12, None, None)]
+    assert any("never drafted" in p for p in smoke_problems(rows))
+    assert smoke_problems([]) == ["no case was sent"]
