@@ -254,6 +254,10 @@ class DeploymentReport(BaseModel):
     env: dict[str, str] | None = None
     env_unset: list[str] = Field(default_factory=list)
     kv_cache: KvCacheReport | None = None
+    # The main model: its tool format, how its prompt is built, and a warning when its chat
+    # template writes calls in another dialect (None: the tokenizer is not local).
+    tool_format: str | None = None
+    warnings: list[str] = Field(default_factory=list)
     errors: list[str] = Field(default_factory=list)
 
 
@@ -329,9 +333,37 @@ def check_application(application: Mapping[str, Any], index: int = 0) -> Applica
         if name in engines:
             cfg, setting, speculative = engines[name]
             check_engine(dep, actor, cfg, setting, speculative)
+        if name == "MainModel":
+            check_tool_format(dep, config.main.engine)
         report.deployments.append(dep)
     _check_baseline_hardware(report, actors)
     return report
+
+
+def check_tool_format(dep: DeploymentReport, cfg: EngineConfig) -> None:
+    """How the main model's prompt is built with tools, and whether its chat template agrees
+    with `main.engine.tool_format` (only for a model whose tokenizer is on this machine)."""
+    from app.engine import chat_prompt
+    from app.engine.embedded_model import EMBEDDED_MODEL_ALIAS, embedded_model_dir, is_prepared
+    from app.engine.tool_formats import get_format
+
+    if cfg.model == EMBEDDED_MODEL_ALIAS:
+        folder: Path | None = embedded_model_dir() if is_prepared() else None
+    else:
+        folder = Path(cfg.model) if (Path(cfg.model) / "tokenizer_config.json").is_file() else None
+    if folder is None:
+        return
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    fmt = get_format(cfg.tool_format)
+    native = chat_prompt.template_renders_tools(tokenizer)
+    dep.tool_format = f"{fmt.name}; " + (
+        "the chat template renders tools" if native
+        else "the template ignores tools: the format's own tool prompt")
+    mismatch = chat_prompt.format_mismatch(tokenizer, fmt)
+    if mismatch:
+        dep.warnings.append(mismatch)
 
 
 def _check_baseline_hardware(
@@ -496,6 +528,10 @@ def format_report(report: ConfigReport) -> str:
                     f"{kv.request_gib:.2f} GiB; cache {kv.cache_gib:.2f} GiB ({kv.cache_from}): "
                     f"{verdict}, {kv.full_length_requests:.1f} full-length requests"
                 )
+            if dep.tool_format is not None:
+                lines.append(f"    tool format: {dep.tool_format}")
+            for warning in dep.warnings:
+                lines.append(f"    WARNING {warning}")
             for error in dep.errors:
                 lines.append(f"    ERROR {error}")
     errors = report.errors

@@ -220,3 +220,16 @@ def test_no_mismatch_for_a_template_that_ignores_tools() -> None:
     tokenizer = _tokenizer(resolve_model_path("embedded"))
     for name in ("hermes", "llama3_json", "mistral", "pythonic"):
         assert chat_prompt.format_mismatch(tokenizer, get_format(name)) is None
+
+
+def test_config_check_reports_the_prompt_and_a_format_mismatch(tools_model: Path) -> None:
+    from app.config import EngineConfig
+    from app.config_check import DeploymentReport, check_tool_format
+
+    agreeing = DeploymentReport(name="MainModel", actor={}, actor_from="test")
+    check_tool_format(agreeing, EngineConfig(model=str(tools_model), tool_format="hermes"))
+    assert agreeing.tool_format == "hermes; the chat template renders tools"
+    assert agreeing.warnings == [] and agreeing.errors == []
+    wrong = DeploymentReport(name="MainModel", actor={}, actor_from="test")
+    check_tool_format(wrong, EngineConfig(model=str(tools_model), tool_format="pythonic"))
+    assert len(wrong.warnings) == 1 and "'pythonic'" in wrong.warnings[0]
