@@ -441,9 +441,9 @@ class ChatService:
         final = turn.final
         tool_calls = self._tool_calls(turn)
         message: dict[str, Any] = {"role": "assistant", "content": final["content"]}
-        if final["reasoning"] is not None:
+        if final.get("reasoning") is not None:  # only main-model finals carry it
             # vLLM 0.32 names it `reasoning`; `reasoning_content` for clients of older vLLM.
-            message["reasoning"] = message["reasoning_content"] = final["reasoning"]
+            message["reasoning"] = message["reasoning_content"] = final.get("reasoning")
         if tool_calls:
             message["tool_calls"] = tool_calls
         finish = final["finish_reason"] or "stop"
