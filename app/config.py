@@ -205,7 +205,11 @@ class RouterConfig(_Strict):
         )
     )
     max_body_bytes: int = Field(1_000_000, ge=1024)
-    default_max_tokens: int = Field(256, ge=1)
+    default_max_tokens: int | None = Field(
+        None, ge=1,
+        description="max_tokens of a request that gives none. None = as vLLM's OpenAI server: "
+        "the rest of the context after the prompt, bounded by `limits.max_tokens`.",
+    )
     request_timeout_s: float = Field(300, gt=0)
 
 

@@ -37,6 +37,22 @@ from app.spec.prediction import PredictedCall, Prediction
 from app.spec.validation import validate_arguments
 
 
+def completion_budget(
+    context: int, prompt_tokens: int, wanted: int | None, default: int | None, ceiling: int
+) -> int:
+    """max_tokens for the engine, as vLLM's OpenAI server computes it (`get_max_tokens`):
+    the smallest of the rest of the context, the request's own value (or the configured
+    default when it gives none) and the server's ceiling (`limits.max_tokens`).
+
+    >>> completion_budget(2048, 100, None, None, 4096)  # no max_tokens: the rest of the context
+    1948
+    >>> completion_budget(2048, 100, None, None, 512), completion_budget(2048, 100, 64, None, 512)
+    (512, 64)
+    """
+    fallback = wanted if wanted is not None else default
+    return min(v for v in (context - prompt_tokens, fallback, ceiling) if v is not None)
+
+
 @dataclass
 class PreparedRequest:
     request: ChatCompletionRequest
@@ -93,8 +109,10 @@ class MainModelService:
                 param="messages",
                 code="context_length_exceeded",
             )
-        wanted = request.max_completion_tokens or request.max_tokens
-        max_tokens = min(wanted or self.config.router.default_max_tokens, limit - len(prompt))
+        max_tokens = completion_budget(
+            limit, len(prompt), request.max_completion_tokens or request.max_tokens,
+            self.config.router.default_max_tokens, self.config.limits.max_tokens,
+        )
         sampling: dict[str, Any] = {
             "max_tokens": max_tokens,
             "temperature": 1.0 if request.temperature is None else request.temperature,
