@@ -196,6 +196,13 @@ class SidecarConfig(_Strict):
 class MainConfig(_Strict):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
+    json_max_indent: int | None = Field(
+        32, ge=0, le=256,
+        description="Forced tool calls and `response_format`: between two JSON tokens the "
+        "grammar allows nothing, one space, or one newline plus at most this many spaces/tabs "
+        "(app/engine/json_grammar.py), so a weak model cannot loop on whitespace until "
+        "max_tokens. None = vLLM's own grammar (any whitespace).",
+    )
 
 
 class RouterConfig(_Strict):

@@ -21,6 +21,7 @@ from app.api.errors import ApiError
 from app.api.openai_models import CandidateReport, ChatCompletionRequest
 from app.config import AppConfig
 from app.engine.history import InvocationHistory, request_text
+from app.engine.json_grammar import GrammarError, bounded_whitespace_grammar
 from app.engine.tool_format import (
     ParsedCall,
     ParsedOutput,
@@ -123,9 +124,9 @@ class MainModelService:
         if request.stop:
             sampling["stop"] = [request.stop] if isinstance(request.stop, str) else request.stop
         if mode in ("required", "named"):
-            sampling["structured_json"] = forced_output_schema(
+            sampling.update(self.json_constraint(forced_output_schema(
                 tools, request.named_tool, parallel=request.parallel_tool_calls is True
-            )
+            )))
         return PreparedRequest(
             request=request,
             prompt_token_ids=prompt,
@@ -136,6 +137,19 @@ class MainModelService:
             speculate=request.ooo_spec.enabled and bool(tools)
             and self.engine.speculation is not None,
         )
+
+    def json_constraint(self, schema: dict[str, Any]) -> dict[str, Any]:
+        """Sampling options that constrain the output to JSON matching `schema`: the
+        bounded-whitespace grammar (app/engine/json_grammar.py), or vLLM's own JSON grammar
+        when `main.json_max_indent` is None."""
+        max_indent = self.config.main.json_max_indent
+        if max_indent is None:
+            return {"structured_json": schema}
+        try:
+            return {"structured_grammar": bounded_whitespace_grammar(schema, max_indent)}
+        except GrammarError as exc:
+            raise ApiError(400, f"the engine rejected the request: {exc}",
+                           code="rejected_by_engine") from None
 
     # ----- candidates -------------------------------------------------------------------
     def render_candidate(self, prepared: PreparedRequest, calls: list[ParsedCall]) -> list[str]:

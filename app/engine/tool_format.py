@@ -6,8 +6,9 @@ Two ways a call is written, and both are what candidates are rendered into:
 - forced decoding (`required` or a named tool): vLLM structured outputs constrain the whole
   output to JSON — a list of calls for `required`, one call for a named tool.
 
-The grammar fixes keys (in schema order) and punctuation but leaves whitespace to the model, and
-the model's whitespace varies between requests (one line, indent 2, indent 4). Forcing compact
+The grammar fixes keys (in schema order) and punctuation but leaves whitespace to the model
+(bounded: at most one newline plus indentation between two tokens, app/engine/json_grammar.py),
+and the model's whitespace varies between requests (one line, indent 2, indent 4). Forcing compact
 JSON is no cure: the model then writes non-canonical token splits that no rendering predicts. So
 a candidate is rendered in each style the model is seen to use (`STYLES`), and the proposer
 follows whichever variant the model's own tokens agree with.

@@ -327,7 +327,10 @@ class VllmEngine:
         schema = options.pop("structured_json", None)
         choice = options.pop("structured_choice", None)
         regex = options.pop("structured_regex", None)
-        if schema is not None:
+        grammar = options.pop("structured_grammar", None)
+        if grammar is not None:  # EBNF (app/engine/json_grammar.py)
+            options["structured_outputs"] = StructuredOutputsParams(grammar=grammar)
+        elif schema is not None:
             options["structured_outputs"] = StructuredOutputsParams(json=schema)
         elif choice is not None:
             options["structured_outputs"] = StructuredOutputsParams(choice=choice)
