@@ -35,7 +35,7 @@ from app.api.agent_loop import (
     sum_main,
 )
 from app.api.errors import ApiError, describe_validation_errors
-from app.api.limits import check_body_depth, check_request
+from app.api.limits import check_body_depth, check_request, check_tool_schema
 from app.api.openai_models import (
     CandidateReport,
     ChatCompletionRequest,
@@ -83,6 +83,14 @@ def parse_request(
         raise ApiError(400, message, param=param) from None
     if limits is not None:
         check_request(request, limits, context if context is not None else limits.max_tokens)
+    schema = request.output_schema
+    if schema is not None:
+        if limits is not None:
+            check_tool_schema("response_format", schema, limits)
+        problem = check_schema(schema)
+        if problem:
+            raise ApiError(400, f"response_format has a schema that is not a valid JSON "
+                           f"Schema: {problem}", param="response_format")
     for tool in request.tools or []:
         problem = check_schema(tool.function.parameters)
         if problem:

@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from app.api.output_format import ResponseFormat
+
 
 class _Wire(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -116,6 +118,7 @@ class ChatCompletionRequest(_Wire):
     metadata: dict[str, str] | None = None
     store: bool | None = None
     ooo_spec: OooSpecOptions = Field(default_factory=OooSpecOptions)
+    response_format: ResponseFormat | None = None
 
     @field_validator("n")
     @classmethod
@@ -144,6 +147,21 @@ class ChatCompletionRequest(_Wire):
                 f"tool_choice names function '{choice.function.name}', which is not in 'tools'"
             )
         return self
+
+    @model_validator(mode="after")
+    def _one_output_constraint(self) -> ChatCompletionRequest:
+        if self.response_format is None:
+            return self
+        schema = self.response_format.output_schema()  # ValueError: json_schema missing
+        if schema is not None and self.effective_tool_choice in ("required", "named"):
+            raise ValueError("a forced tool call (tool_choice 'required' or a named tool) "
+                             "cannot be combined with a JSON response_format")
+        return self
+
+    @property
+    def output_schema(self) -> dict[str, Any] | None:
+        """The JSON schema `response_format` constrains the output to, if any."""
+        return self.response_format.output_schema() if self.response_format else None
 
     @property
     def effective_tool_choice(self) -> str:

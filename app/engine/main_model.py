@@ -29,9 +29,11 @@ from app.engine.tool_format import (
     parse_forced,
     parse_free,
     placeholder_call,
+    placeholder_object,
     prepare_messages,
     render_forced_variants,
     render_free,
+    render_json_variants,
 )
 from app.engine.vllm_engine import GenerationTally, VllmEngine
 from app.spec.prediction import PredictedCall, Prediction
@@ -127,6 +129,8 @@ class MainModelService:
             sampling.update(self.json_constraint(forced_output_schema(
                 tools, request.named_tool, parallel=request.parallel_tool_calls is True
             )))
+        elif request.output_schema is not None:
+            sampling.update(self.json_constraint(request.output_schema))
         return PreparedRequest(
             request=request,
             prompt_token_ids=prompt,
@@ -134,7 +138,8 @@ class MainModelService:
             mode=mode,
             tools=tools,
             # Without the candidate proposer nothing would read the drafts.
-            speculate=request.ooo_spec.enabled and bool(tools)
+            speculate=request.ooo_spec.enabled
+            and (bool(tools) or request.output_schema is not None)
             and self.engine.speculation is not None,
         )
 
@@ -160,7 +165,11 @@ class MainModelService:
         return [render_free(calls)]
 
     def schema_candidates(self, prepared: PreparedRequest) -> list[str]:
-        """Keys and punctuation of every callable tool, known before any prediction."""
+        """Keys and punctuation of every callable tool (or of the `response_format`
+        schema), known before any prediction."""
+        schema = prepared.request.output_schema
+        if schema is not None and prepared.mode not in ("required", "named"):
+            return render_json_variants(placeholder_object(schema), schema)
         if prepared.mode not in ("required", "named"):
             return []
         tools = [

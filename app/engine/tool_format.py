@@ -190,13 +190,23 @@ def placeholder_call(tool: dict[str, Any]) -> ParsedCall:
     Drafted from the schema alone before any prediction arrives: the keys and punctuation
     are what the main model will write; at each value the draft is rejected, and the proposer
     picks the text up again at the next key (see `alignment.candidate_remainder`)."""
-    params = tool["function"].get("parameters") or {}
-    required = set(params.get("required") or [])
-    props = params.get("properties") or {}
     return ParsedCall(
-        tool["function"]["name"],
-        {k: _placeholder(v) for k, v in props.items() if k in required},
+        tool["function"]["name"], placeholder_object(tool["function"].get("parameters") or {})
     )
+
+
+def placeholder_object(schema: dict[str, Any]) -> dict[str, Any]:
+    """An object with the schema's required keys, in its order, and a placeholder value each."""
+    required = set(schema.get("required") or [])
+    props = schema.get("properties") or {}
+    return {k: _placeholder(v) for k, v in props.items() if k in required}
+
+
+def render_json_variants(value: Any, schema: dict[str, Any]) -> list[str]:
+    """The texts the model may write for `value` under a `response_format` schema, one per
+    whitespace style (as `render_forced_variants` for a call)."""
+    ordered = order_like_schema(value, schema)
+    return list(dict.fromkeys(json.dumps(ordered, ensure_ascii=False, **s) for s in STYLES))
 
 
 def _placeholder(schema: dict[str, Any]) -> Any:

@@ -7,6 +7,7 @@ the same store the deployment uses, at chosen moments.
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Iterator
 from typing import Any
@@ -15,6 +16,7 @@ import pytest
 
 from app.api.openai_models import ChatCompletionRequest
 from app.config import AppConfig, EngineConfig, SpeculationConfig
+from app.engine.json_grammar import bounded_whitespace_grammar
 from app.engine.main_model import MainModelService
 from app.engine.tool_format import (
     ParsedCall,
@@ -229,3 +231,61 @@ async def test_history_candidates_are_lossless(engine: VllmEngine) -> None:
         tokens, offered = await _service_call(service, text, enabled=True)
         assert tokens == plain, f"{text!r}: output differs from plain decoding"
         assert any(c["source"] == "history" for c in offered), offered
+
+
+@pytest.mark.parametrize("text", PROMPTS[:4])
+async def test_bounded_whitespace_grammar_is_lossless(engine: VllmEngine, text: str) -> None:
+    """The served grammar (whitespace bounded, app/engine/json_grammar.py): a right, a wrong
+    and no candidate leave the output token-identical to plain decoding under it."""
+    prompt = _prompt(engine, text)
+    sampling = {"max_tokens": 96, "temperature": 0.0,
+                "structured_grammar": bounded_whitespace_grammar(
+                    forced_output_schema(TOOLS, None), 32)}
+    plain, plain_steps = await _run(engine, prompt, sampling, False, [])
+    output = engine.tokenizer.decode(plain[:-1] if plain[-1] == engine.eos_token_id else plain)
+    right = parse_forced(output, None).calls
+    for candidates in (render_forced_variants(right, TOOLS, None),
+                       render_forced_variants([_wrong_argument(right[0])], TOOLS, None), []):
+        tokens, steps = await _run(engine, prompt, sampling, True, candidates)
+        assert tokens == plain, f"{text!r}: output differs from plain decoding"
+    assert steps <= plain_steps
+
+
+CITY = {"type": "object", "properties": {
+    "name": {"type": "string"}, "country": {"type": "string"},
+    "population": {"type": "integer"}},
+    "required": ["name", "country", "population"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("response_format", [
+    {"type": "json_schema", "json_schema": {"name": "City", "schema": CITY, "strict": True}},
+    {"type": "json_object"},
+])
+async def test_response_format_is_lossless(
+    engine: VllmEngine, response_format: dict[str, Any]
+) -> None:
+    """`response_format` with speculation on (the schema's keys as drafts, prompt lookup):
+    token-identical to plain decoding, and the output is JSON under the constraint."""
+    service = MainModelService(AppConfig(), engine=engine)
+
+    async def generate(enabled: bool) -> dict[str, Any]:
+        request = ChatCompletionRequest.model_validate({
+            "messages": [{"role": "user", "content": "Describe Paris as JSON."}],
+            "response_format": response_format, "temperature": 0.0, "max_tokens": 96,
+            "ooo_spec": {"enabled": enabled},
+        })
+        final: dict[str, Any] = {}
+        async for event in service.run(service.prepare(request), None):
+            final = event
+        return final
+
+    plain = await generate(False)
+    spec = await generate(True)
+    assert spec["token_ids"] == plain["token_ids"]
+    assert spec["main"]["drafted_tokens"] > 0  # the drafts were offered, and verified
+    assert plain["main"]["drafted_tokens"] == 0
+    if plain["finish_reason"] == "stop":
+        value = json.loads(plain["content"])
+        assert isinstance(value, dict)
+        if response_format["type"] == "json_schema":
+            assert list(value) == ["name", "country", "population"]
