@@ -243,6 +243,11 @@ class LimitsConfig(_Strict):
         description="Largest `max_tokens` / `max_completion_tokens` accepted; the main "
         "model's context (`main.engine.max_model_len`) bounds it as well.",
     )
+    max_choices: int = Field(
+        8, ge=1, le=128,
+        description="Largest `n` (choices per chat completion); each choice is decoded as "
+        "its own request, in parallel.",
+    )
 
 
 class ApiKeyConfig(_Strict):

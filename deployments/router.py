@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import ray
@@ -32,7 +32,13 @@ from starlette.types import Receive, Scope, Send
 from app import telemetry
 from app.api.agent_loop import SidecarStart, ToolPolicy
 from app.api.auth import ApiKeys, ConcurrencyLimiter
-from app.api.chat_service import ChatService, parse_request, stream_sse
+from app.api.chat_service import (
+    ChatService,
+    choice_requests,
+    merge_completions,
+    parse_request,
+    stream_sse,
+)
 from app.api.errors import ApiError, describe_validation_errors, error_body
 from app.api.limits import with_deadline
 from app.config import load_config
@@ -147,6 +153,47 @@ async def _prefetched(events: AsyncIterator[Any]) -> AsyncGenerator[Any, None]:
     return replay()
 
 
+async def _all_prefetched(
+    streams: Sequence[AsyncIterator[Any]],
+) -> list[AsyncGenerator[Any, None]]:
+    """`_prefetched` for every choice at once; if one fails, all are closed."""
+    results = await asyncio.gather(*(_prefetched(s) for s in streams), return_exceptions=True)
+    failed = next((r for r in results if isinstance(r, BaseException)), None)
+    if failed is not None:
+        for stream, result in zip(streams, results, strict=True):
+            if not isinstance(result, BaseException):
+                await result.aclose()
+            closer = getattr(stream, "aclose", None)
+            if closer is not None:
+                await closer()
+        raise failed
+    return [r for r in results if not isinstance(r, BaseException)]
+
+
+async def _all_finals(
+    choices: Sequence[AsyncIterator[tuple[str, dict[str, Any]]]],
+) -> list[dict[str, Any]]:
+    """Every choice's completion; the first failure stops the others and is raised."""
+    if len(choices) == 1:
+        return [await _final(choices[0])]
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(_final(events)) for events in choices]
+    except BaseExceptionGroup as grouped:
+        raise grouped.exceptions[0] from None
+    return [task.result() for task in tasks]
+
+
+async def _final(events: AsyncIterator[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """The completion at the end of one choice's events."""
+    completion: dict[str, Any] | None = None
+    async for kind, event in events:
+        if kind == "final":
+            completion = event
+    assert completion is not None
+    return completion
+
+
 @serve.deployment(name="Router")
 @serve.ingress(api)
 class Router:
@@ -231,32 +278,33 @@ class Router:
                                f"serves '{self.chat.model_name}'", param="model",
                                code="model_not_found")
             self.chat.check_options(request)
-            events = with_deadline(
-                self.chat.events(request, self._start_sidecar, self._main_events,
-                                 trace_parent=telemetry.extract(raw.headers)),
-                self.config.router.request_timeout_s,
-            )
+            # `n` > 1: every choice is a request of its own, decoded in parallel.
+            trace_parent = telemetry.extract(raw.headers)
+            choices = [
+                with_deadline(
+                    self.chat.events(one, self._start_sidecar, self._main_events,
+                                     trace_parent=trace_parent),
+                    self.config.router.request_timeout_s,
+                )
+                for one in choice_requests(request)
+            ]
             if request.stream:
-                replay = await _prefetched(events)
+                replays = await _all_prefetched(choices)
                 assert release is not None
                 held: Callable[[], None] = release
                 release = None  # the stream owns the slot from here on
 
                 async def close() -> None:
                     try:
-                        await replay.aclose()
-                        await events.aclose()
+                        for replay, events in zip(replays, choices, strict=True):
+                            await replay.aclose()
+                            await events.aclose()
                     finally:
                         held()
 
-                return ClosingStream(stream_sse(request, replay, self.chat.model_name),
+                return ClosingStream(stream_sse(request, replays, self.chat.model_name),
                                      close, media_type="text/event-stream")
-            completion: dict[str, Any] | None = None
-            async for kind, event in events:
-                if kind == "final":
-                    completion = event
-            assert completion is not None
-            return JSONResponse(completion)
+            return JSONResponse(merge_completions(await _all_finals(choices)))
         finally:
             if release is not None:
                 release()

@@ -22,6 +22,7 @@ from app.api.openai_models import CandidateReport, ChatCompletionRequest
 from app.config import AppConfig
 from app.engine.history import InvocationHistory, request_text
 from app.engine.json_grammar import GrammarError, bounded_whitespace_grammar
+from app.engine.logprobs import TokenLogprobs, chat_logprobs
 from app.engine.tool_format import (
     ParsedCall,
     ParsedOutput,
@@ -123,6 +124,9 @@ class MainModelService:
         }
         if request.seed is not None:
             sampling["seed"] = request.seed
+        if request.logprobs:
+            # As vLLM: the sampled token's logprob plus `top_logprobs` alternatives.
+            sampling["logprobs"] = request.top_logprobs or 0
         if request.stop:
             sampling["stop"] = [request.stop] if isinstance(request.stop, str) else request.stop
         if mode in ("required", "named"):
@@ -295,8 +299,11 @@ class MainModelService:
                 realign=prepared.request.ooo_spec.realign,
             ):
                 tally.add(delta)
-                if delta.text:
-                    yield {"type": "delta", "text": delta.text}
+                if delta.text or delta.logprobs:
+                    event: dict[str, Any] = {"type": "delta", "text": delta.text}
+                    if delta.logprobs is not None:
+                        event["logprobs"] = self.chat_logprobs(prepared, delta.logprobs)
+                    yield event
         finally:
             if receiver is not None and not receiver.done():
                 receiver.cancel()
@@ -336,7 +343,17 @@ class MainModelService:
                 "no_call": intake.no_call,
             },
             "main_ms": (time.perf_counter() - started) * 1000,
+            "logprobs": (self.chat_logprobs(prepared, result.logprobs)
+                         if result.logprobs is not None else None),
         }
+
+    def chat_logprobs(
+        self, prepared: PreparedRequest, tokens: list[TokenLogprobs]
+    ) -> list[dict[str, Any]]:
+        return chat_logprobs(tokens, prepared.request.top_logprobs or 0, self.decode_token)
+
+    def decode_token(self, token_id: int) -> str:
+        return str(self.engine.tokenizer.decode([token_id]))
 
     def parse(self, prepared: PreparedRequest, text: str) -> ParsedOutput:
         if prepared.mode in ("required", "named"):

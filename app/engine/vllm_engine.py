@@ -24,6 +24,7 @@ from typing import Any
 from app.config import EngineConfig, SpeculationConfig
 from app.engine.candidate_store import CandidateStore, RequestSpeculation
 from app.engine.embedded_model import resolve_model_path
+from app.engine.logprobs import TokenLogprobs, from_engine
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +42,8 @@ class StepDelta:
     time: float
     # Set on the last delta: what the proposer drafted for this request.
     speculation: RequestSpeculation | None = None
+    # Per token, when the request asked for logprobs (app/engine/logprobs.py).
+    logprobs: list[TokenLogprobs] | None = None
 
 
 @dataclass
@@ -53,6 +56,7 @@ class GenerationResult:
     ttft_ms: float
     decode_ms: float
     speculation: RequestSpeculation | None
+    logprobs: list[TokenLogprobs] | None = None
 
     @property
     def accepted_tokens(self) -> int:
@@ -74,6 +78,7 @@ class GenerationTally:
         self.last = started
         self.finish: str | None = None
         self.speculation: RequestSpeculation | None = None
+        self.logprobs: list[TokenLogprobs] | None = None
 
     def add(self, delta: StepDelta) -> None:
         if delta.token_ids:
@@ -85,6 +90,8 @@ class GenerationTally:
         self.text.append(delta.text)
         self.finish = delta.finish_reason or self.finish
         self.speculation = delta.speculation or self.speculation
+        if delta.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + delta.logprobs
 
     def result(self) -> GenerationResult:
         first = self.first or self.last
@@ -97,6 +104,7 @@ class GenerationTally:
             ttft_ms=(first - self.started) * 1000,
             decode_ms=(self.last - first) * 1000,
             speculation=self.speculation,
+            logprobs=self.logprobs,
         )
 
 
@@ -297,6 +305,8 @@ class VllmEngine:
             finished=bool(out.finished),
             finish_reason=completion.finish_reason,
             time=now,
+            logprobs=(from_engine(list(completion.token_ids), completion.logprobs)
+                      if completion.logprobs is not None else None),
         )
         loop, q = stream
         loop.call_soon_threadsafe(q.put_nowait, delta)
