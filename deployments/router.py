@@ -39,8 +39,9 @@ from app.api.chat_service import (
     parse_request,
     stream_sse,
 )
+from app.api.completions import CompletionService, parse_completion_request
 from app.api.errors import ApiError, describe_validation_errors, error_body
-from app.api.limits import with_deadline
+from app.api.limits import deadline_error, with_deadline
 from app.config import load_config
 from app.spec.prediction import Prediction
 from app.tools.registry import DEFAULT_TIMEOUT_S, ToolResult, ToolSpec
@@ -221,6 +222,7 @@ class Router:
             metrics=ServeMetrics(),
             telemetry_config=self.config.telemetry,
         )
+        self.text = CompletionService(self.config.main.engine.served_model_name)
         telemetry.setup_tracing("router")
         self.keys = ApiKeys.from_config(self.config.auth, os.environ)
         self.limiter = ConcurrencyLimiter(self.config.auth.retry_after_s)
@@ -309,6 +311,45 @@ class Router:
             if release is not None:
                 release()
 
+    @api.post("/v1/completions", response_model=None)
+    async def completions(self, raw: Request) -> JSONResponse | StreamingResponse:
+        release: Callable[[], None] | None = self.limiter.acquire(self._authorize(raw))
+        try:
+            request = parse_completion_request(
+                await raw.body(), self.config.router.max_body_bytes, self.config.limits,
+                self.config.main.engine.max_model_len)
+            self._check_model(request.model)
+
+            def main_events(payload: dict[str, Any], prompt: Any) -> AsyncIterator[Any]:
+                return self._main_events(payload, None, prompt)
+
+            timeout = self.config.router.request_timeout_s
+            if request.stream:
+                events = await _prefetched(self.text.stream(request, main_events, timeout))
+                assert release is not None
+                held: Callable[[], None] = release
+                release = None  # the stream owns the slot from here on
+
+                async def close() -> None:
+                    try:
+                        await events.aclose()
+                    finally:
+                        held()
+
+                return ClosingStream(events, close, media_type="text/event-stream")
+            async with asyncio.timeout(timeout):
+                return JSONResponse(await self.text.complete(request, main_events))
+        except TimeoutError:
+            raise deadline_error(self.config.router.request_timeout_s) from None
+        finally:
+            if release is not None:
+                release()
+
+    def _check_model(self, model: str | None) -> None:
+        if model and model != self.chat.model_name:
+            raise ApiError(404, f"model '{model}' does not exist; this server serves "
+                           f"'{self.chat.model_name}'", param="model", code="model_not_found")
+
     async def _start_sidecar(self, payload: dict[str, Any]) -> SidecarStart | None:
         if self.sidecar is None:
             return None
@@ -332,7 +373,7 @@ class Router:
         return SidecarStart(token=ref, prediction=ref, cancel=response.cancel)
 
     async def _main_events(
-        self, payload: dict[str, Any], sidecar_ref: Any
+        self, payload: dict[str, Any], sidecar_ref: Any, raw_prompt: Any = None
     ) -> AsyncIterator[dict[str, Any]]:
         refs = [sidecar_ref] if sidecar_ref is not None else []
         baseline = (payload.get("ooo_spec") or {}).get("baseline")
@@ -340,7 +381,8 @@ class Router:
         stream: Any = None
         finished = False
         try:
-            stream = main.generate.remote(payload, refs)
+            stream = (main.generate.remote(payload, refs) if raw_prompt is None
+                      else main.generate.remote(payload, refs, raw_prompt))
             async for event in stream:
                 yield event
             finished = True

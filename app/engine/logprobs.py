@@ -82,9 +82,10 @@ def completion_logprobs(
         text = _text(token.token_id, own[2] if own else None, decode)
         out["tokens"].append(text)
         out["token_logprobs"].append(max(own[1], FLOOR) if own else None)
+        # vLLM writes `top + 1` entries here (the OpenAI spec's "up to logprobs + 1").
         out["top_logprobs"].append({
-            _text(tid, dec, decode): max(lp, FLOOR) for tid, lp, dec in token.entries[:top]
-        } if top else None)
+            _text(tid, dec, decode): max(lp, FLOOR) for tid, lp, dec in token.entries[:top + 1]
+        })
         out["text_offset"].append(position)
         position += len(text)
     return out

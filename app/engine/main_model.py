@@ -22,7 +22,7 @@ from app.api.openai_models import CandidateReport, ChatCompletionRequest
 from app.config import AppConfig
 from app.engine.history import InvocationHistory, request_text
 from app.engine.json_grammar import GrammarError, bounded_whitespace_grammar
-from app.engine.logprobs import TokenLogprobs, chat_logprobs
+from app.engine.logprobs import TokenLogprobs, chat_logprobs, completion_logprobs
 from app.engine.tool_format import (
     ParsedCall,
     ParsedOutput,
@@ -65,6 +65,8 @@ class PreparedRequest:
     mode: str  # 'none' | 'auto' | 'required' | 'named'
     tools: list[dict[str, Any]]
     speculate: bool
+    # /v1/completions: the prompt is raw text (no chat template), logprobs in its shape.
+    raw_prompt: bool = False
 
 
 @dataclass
@@ -98,19 +100,29 @@ class MainModelService:
         return self.config.main.engine.served_model_name
 
     # ----- request preparation ----------------------------------------------------------
-    def prepare(self, request: ChatCompletionRequest) -> PreparedRequest:
+    def prepare(
+        self, request: ChatCompletionRequest, raw_prompt: str | list[int] | None = None
+    ) -> PreparedRequest:
+        """`raw_prompt` (/v1/completions, whose request comes as a chat request without
+        tools): the text or token ids the model continues, instead of the chat template."""
         mode = request.effective_tool_choice
         tools = request.tool_dicts() if mode != "none" else []
-        prompt = self.engine.chat_prompt_ids(
-            prepare_messages(request.message_dicts(), tools or None)
-        )
+        if raw_prompt is None:
+            prompt = self.engine.chat_prompt_ids(
+                prepare_messages(request.message_dicts(), tools or None)
+            )
+        elif isinstance(raw_prompt, str):
+            prompt = list(self.engine.tokenizer.encode(raw_prompt))
+        else:
+            prompt = list(raw_prompt)
         limit = self.config.main.engine.max_model_len
         if len(prompt) >= limit:
             raise ApiError(
                 400,
-                f"the messages take {len(prompt)} tokens, more than the model's context of "
-                f"{limit} tokens; shorten the conversation or the tool list",
-                param="messages",
+                f"the {'prompt' if raw_prompt is not None else 'messages'} take {len(prompt)} "
+                f"tokens, more than the model's context of {limit} tokens; shorten the "
+                f"{'prompt' if raw_prompt is not None else 'conversation or the tool list'}",
+                param="prompt" if raw_prompt is not None else "messages",
                 code="context_length_exceeded",
             )
         max_tokens = completion_budget(
@@ -143,8 +155,9 @@ class MainModelService:
             tools=tools,
             # Without the candidate proposer nothing would read the drafts.
             speculate=request.ooo_spec.enabled
-            and (bool(tools) or request.output_schema is not None)
+            and (bool(tools) or request.output_schema is not None or raw_prompt is not None)
             and self.engine.speculation is not None,
+            raw_prompt=raw_prompt is not None,
         )
 
     def json_constraint(self, schema: dict[str, Any]) -> dict[str, Any]:
@@ -293,6 +306,7 @@ class MainModelService:
             pending_render.extend(self.schema_candidates(prepared))
         receiver = asyncio.ensure_future(receive()) if candidates is not None else None
         tally = GenerationTally(len(prepared.prompt_token_ids), started)
+        text_offset = 0  # completions' logprobs count characters from the output's start
         try:
             async for delta in self.engine.stream(
                 prepared.prompt_token_ids, dict(prepared.sampling), prepared.speculate, on_start,
@@ -302,7 +316,9 @@ class MainModelService:
                 if delta.text or delta.logprobs:
                     event: dict[str, Any] = {"type": "delta", "text": delta.text}
                     if delta.logprobs is not None:
-                        event["logprobs"] = self.chat_logprobs(prepared, delta.logprobs)
+                        event["logprobs"] = self.shaped_logprobs(prepared, delta.logprobs,
+                                                                 text_offset)
+                    text_offset += len(delta.text)
                     yield event
         finally:
             if receiver is not None and not receiver.done():
@@ -343,14 +359,18 @@ class MainModelService:
                 "no_call": intake.no_call,
             },
             "main_ms": (time.perf_counter() - started) * 1000,
-            "logprobs": (self.chat_logprobs(prepared, result.logprobs)
+            "logprobs": (self.shaped_logprobs(prepared, result.logprobs)
                          if result.logprobs is not None else None),
         }
 
-    def chat_logprobs(
-        self, prepared: PreparedRequest, tokens: list[TokenLogprobs]
-    ) -> list[dict[str, Any]]:
-        return chat_logprobs(tokens, prepared.request.top_logprobs or 0, self.decode_token)
+    def shaped_logprobs(
+        self, prepared: PreparedRequest, tokens: list[TokenLogprobs], offset: int = 0
+    ) -> Any:
+        """Chat's `logprobs.content` list, or a completion choice's `logprobs` object."""
+        top = prepared.request.top_logprobs or 0
+        if prepared.raw_prompt:
+            return completion_logprobs(tokens, top, self.decode_token, offset)
+        return chat_logprobs(tokens, top, self.decode_token)
 
     def decode_token(self, token_id: int) -> str:
         return str(self.engine.tokenizer.decode([token_id]))

@@ -126,4 +126,4 @@ def test_completion_logprobs_are_parallel_lists() -> None:
     out = completion_logprobs(TOKENS, 1, str, offset=4)
     assert out["tokens"] == ["He", "llo"] and out["token_logprobs"] == [-0.1, -3.0]
     assert out["text_offset"] == [4, 6]
-    assert out["top_logprobs"] == [{"He": -0.1}, {"llo": -3.0}]
+    assert out["top_logprobs"] == [{"He": -0.1, "Hi": -2.5}, {"llo": -3.0, "y": -0.2}]
