@@ -16,6 +16,7 @@ itself for calls already running on a replica.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
@@ -42,6 +43,12 @@ from app.api.chat_service import (
 from app.api.completions import CompletionService, parse_completion_request
 from app.api.errors import ApiError, describe_validation_errors, error_body
 from app.api.limits import deadline_error, with_deadline
+from app.api.responses import (
+    ResponseBuilder,
+    parse_responses_request,
+    stream_events,
+    to_chat_request,
+)
 from app.config import load_config
 from app.spec.prediction import Prediction
 from app.tools.registry import DEFAULT_TIMEOUT_S, ToolResult, ToolSpec
@@ -341,6 +348,46 @@ class Router:
                 return JSONResponse(await self.text.complete(request, main_events))
         except TimeoutError:
             raise deadline_error(self.config.router.request_timeout_s) from None
+        finally:
+            if release is not None:
+                release()
+
+    @api.post("/v1/responses", response_model=None)
+    async def responses(self, raw: Request) -> JSONResponse | StreamingResponse:
+        release: Callable[[], None] | None = self.limiter.acquire(self._authorize(raw))
+        try:
+            max_bytes = self.config.router.max_body_bytes
+            request = parse_responses_request(await raw.body(), max_bytes)
+            self._check_model(request.model)
+            # The chat route's checks (limits, schemas) on the request it becomes.
+            converted = to_chat_request(request).model_dump(exclude_none=True)
+            chat = parse_request(json.dumps(converted).encode(), 2 * max_bytes,
+                                 self.config.limits, self.config.main.engine.max_model_len)
+            self.chat.check_options(chat)
+            events = with_deadline(
+                self.chat.events(chat, self._start_sidecar, self._main_events,
+                                 trace_parent=telemetry.extract(raw.headers)),
+                self.config.router.request_timeout_s,
+            )
+            if request.stream:
+                replay = await _prefetched(events)
+                assert release is not None
+                held: Callable[[], None] = release
+                release = None  # the stream owns the slot from here on
+
+                async def close() -> None:
+                    try:
+                        await replay.aclose()
+                        await events.aclose()
+                    finally:
+                        held()
+
+                return ClosingStream(
+                    stream_events(request, chat, replay, self.chat.model_name), close,
+                    media_type="text/event-stream")
+            completion = await _final(events)
+            return JSONResponse(
+                ResponseBuilder(request, self.chat.model_name).final(completion))
         finally:
             if release is not None:
                 release()
