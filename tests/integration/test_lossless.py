@@ -335,3 +335,24 @@ async def test_logprobs_equal_plain_decodings(engine: VllmEngine) -> None:
     # kernel rounding.
     assert worst <= 1e-3, worst
     print(f"largest logprob difference, speculative vs plain: {worst:.2e}")
+
+
+async def test_raw_prompt_completion_is_lossless(engine: VllmEngine) -> None:
+    """/v1/completions: a raw prompt (no chat template), prompt-lookup drafts on: the text is
+    plain decoding's, and a repetitive prompt gets drafts accepted."""
+    service = MainModelService(AppConfig(), engine=engine)
+    prompt = "one two three four, one two three four, one two three four, one two"
+
+    async def generate(enabled: bool) -> dict[str, Any]:
+        request = ChatCompletionRequest.model_validate({
+            "messages": [{"role": "user", "content": ""}], "temperature": 0.0,
+            "max_tokens": 32, "ooo_spec": {"enabled": enabled, "history": False}})
+        final: dict[str, Any] = {}
+        async for event in service.run(service.prepare(request, prompt), None):
+            final = event
+        return final
+
+    plain = await generate(False)
+    spec = await generate(True)
+    assert spec["token_ids"] == plain["token_ids"]
+    assert spec["main"]["accepted_tokens"] > 0
