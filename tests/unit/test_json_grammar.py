@@ -44,6 +44,11 @@ def test_runs_of_newlines_are_not_allowed() -> None:
     bounded = bounded_whitespace_grammar(schema, 32)
     assert not accepts(bounded, looping)
     assert accepts(bounded, looping.replace("\n\n\n\n", "\n"))
+    # The model's own styles, measured on BFCL: a blank line before a list's `]`, and a space
+    # before a newline.
+    assert accepts(bounded, looping.replace("\n\n\n\n", "\n\n"))
+    assert accepts(bounded, looping.replace('"Paris"\n\n\n\n', '"Paris" \n'))
+    assert not accepts(bounded, looping.replace("\n\n\n\n", "\n\n\n"))
 
 
 def test_indentation_is_bounded() -> None:
