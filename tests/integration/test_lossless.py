@@ -283,8 +283,9 @@ async def test_response_format_is_lossless(
     plain = await generate(False)
     spec = await generate(True)
     assert spec["token_ids"] == plain["token_ids"]
-    assert spec["main"]["drafted_tokens"] > 0  # the drafts were offered, and verified
     assert plain["main"]["drafted_tokens"] == 0
+    if response_format["type"] == "json_schema":  # its keys were drafted, and verified
+        assert spec["main"]["drafted_tokens"] > 0
     if plain["finish_reason"] == "stop":
         value = json.loads(plain["content"])
         assert isinstance(value, dict)
