@@ -6,7 +6,9 @@ among them). vLLM's chat server (`_create_chat_logprobs`) writes each token's ow
 takes the first `top_logprobs` entries of that list as `top_logprobs`, logprobs clamped at
 -9999; the completions server (`_create_completion_logprobs`) writes the same as parallel lists.
 With speculation the values come from the verifying pass: vLLM's rejection sampler reports the
-target model's logprobs of the accepted tokens, so they equal plain decoding's (float32).
+target model's logprobs of the accepted tokens: plain decoding's up to float32 rounding (a
+verifying pass computes several positions at once; the largest difference seen was 4e-5,
+tests/integration/test_lossless.py).
 """
 
 from __future__ import annotations
