@@ -208,11 +208,22 @@ class SidecarConfig(_Strict):
 
 class MainConfig(_Strict):
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    json_max_indent: int | None = Field(
+        32, ge=0, le=256,
+        description="Forced tool calls and `response_format`: between two JSON tokens the "
+        "grammar allows nothing, one space, or one newline plus at most this many spaces/tabs "
+        "(app/engine/json_grammar.py), so a weak model cannot loop on whitespace until "
+        "max_tokens. None = vLLM's own grammar (any whitespace).",
+    )
 
 
 class RouterConfig(_Strict):
     max_body_bytes: int = Field(1_000_000, ge=1024)
-    default_max_tokens: int = Field(256, ge=1)
+    default_max_tokens: int | None = Field(
+        None, ge=1,
+        description="max_tokens of a request that gives none. None = as vLLM's OpenAI server: "
+        "the rest of the context after the prompt, bounded by `limits.max_tokens`.",
+    )
     request_timeout_s: float = Field(300, gt=0)
 
 
@@ -238,6 +249,11 @@ class LimitsConfig(_Strict):
         4096, ge=1,
         description="Largest `max_tokens` / `max_completion_tokens` accepted; the main "
         "model's context (`main.engine.max_model_len`) bounds it as well.",
+    )
+    max_choices: int = Field(
+        8, ge=1, le=128,
+        description="Largest `n` (choices per chat completion); each choice is decoded as "
+        "its own request, in parallel.",
     )
 
 

@@ -37,14 +37,16 @@ class MainModel:
         self.service.start()
 
     async def generate(
-        self, payload: dict[str, Any], candidate_refs: list[Any]
+        self, payload: dict[str, Any], candidate_refs: list[Any],
+        raw_prompt: str | list[int] | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
+        """`raw_prompt`: /v1/completions (see `MainModelService.prepare`)."""
         # Not a current span: this generator yields, and the replica finishes it in any task.
         span = telemetry.start_span(
             "main.generate", telemetry.extract(payload.pop(telemetry.CARRIER_KEY, None))
         )
         try:
-            async for event in self._generate(payload, candidate_refs, span):
+            async for event in self._generate(payload, candidate_refs, span, raw_prompt):
                 yield event
         except BaseException as exc:
             telemetry.fail(span, exc)
@@ -53,11 +55,12 @@ class MainModel:
             span.end()
 
     async def _generate(
-        self, payload: dict[str, Any], candidate_refs: list[Any], span: telemetry.Span
+        self, payload: dict[str, Any], candidate_refs: list[Any], span: telemetry.Span,
+        raw_prompt: str | list[int] | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         request = ChatCompletionRequest.model_validate(payload)
         try:
-            prepared = self.service.prepare(request)
+            prepared = self.service.prepare(request, raw_prompt)
         except ApiError as err:
             yield {"type": "error", "status": err.status, "message": err.message,
                    "param": err.param, "code": err.code}

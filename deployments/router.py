@@ -16,9 +16,10 @@ itself for calls already running on a replica.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import ray
@@ -32,9 +33,22 @@ from starlette.types import Receive, Scope, Send
 from app import telemetry
 from app.api.agent_loop import SidecarStart, ToolPolicy
 from app.api.auth import ApiKeys, ConcurrencyLimiter
-from app.api.chat_service import ChatService, parse_request, stream_sse
+from app.api.chat_service import (
+    ChatService,
+    choice_requests,
+    merge_completions,
+    parse_request,
+    stream_sse,
+)
+from app.api.completions import CompletionService, parse_completion_request
 from app.api.errors import ApiError, describe_validation_errors, error_body
-from app.api.limits import with_deadline
+from app.api.limits import deadline_error, with_deadline
+from app.api.responses import (
+    ResponseBuilder,
+    parse_responses_request,
+    stream_events,
+    to_chat_request,
+)
 from app.config import load_config
 from app.spec.prediction import Prediction
 from app.tools.registry import DEFAULT_TIMEOUT_S, ToolResult, ToolSpec
@@ -147,6 +161,47 @@ async def _prefetched(events: AsyncIterator[Any]) -> AsyncGenerator[Any, None]:
     return replay()
 
 
+async def _all_prefetched(
+    streams: Sequence[AsyncIterator[Any]],
+) -> list[AsyncGenerator[Any, None]]:
+    """`_prefetched` for every choice at once; if one fails, all are closed."""
+    results = await asyncio.gather(*(_prefetched(s) for s in streams), return_exceptions=True)
+    failed = next((r for r in results if isinstance(r, BaseException)), None)
+    if failed is not None:
+        for stream, result in zip(streams, results, strict=True):
+            if not isinstance(result, BaseException):
+                await result.aclose()
+            closer = getattr(stream, "aclose", None)
+            if closer is not None:
+                await closer()
+        raise failed
+    return [r for r in results if not isinstance(r, BaseException)]
+
+
+async def _all_finals(
+    choices: Sequence[AsyncIterator[tuple[str, dict[str, Any]]]],
+) -> list[dict[str, Any]]:
+    """Every choice's completion; the first failure stops the others and is raised."""
+    if len(choices) == 1:
+        return [await _final(choices[0])]
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(_final(events)) for events in choices]
+    except BaseExceptionGroup as grouped:
+        raise grouped.exceptions[0] from None
+    return [task.result() for task in tasks]
+
+
+async def _final(events: AsyncIterator[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """The completion at the end of one choice's events."""
+    completion: dict[str, Any] | None = None
+    async for kind, event in events:
+        if kind == "final":
+            completion = event
+    assert completion is not None
+    return completion
+
+
 @serve.deployment(name="Router")
 @serve.ingress(api)
 class Router:
@@ -174,6 +229,7 @@ class Router:
             metrics=ServeMetrics(),
             telemetry_config=self.config.telemetry,
         )
+        self.text = CompletionService(self.config.main.engine.served_model_name)
         telemetry.setup_tracing("router")
         self.keys = ApiKeys.from_config(self.config.auth, os.environ)
         self.limiter = ConcurrencyLimiter(self.config.auth.retry_after_s)
@@ -231,8 +287,85 @@ class Router:
                                f"serves '{self.chat.model_name}'", param="model",
                                code="model_not_found")
             self.chat.check_options(request)
+            # `n` > 1: every choice is a request of its own, decoded in parallel.
+            trace_parent = telemetry.extract(raw.headers)
+            choices = [
+                with_deadline(
+                    self.chat.events(one, self._start_sidecar, self._main_events,
+                                     trace_parent=trace_parent),
+                    self.config.router.request_timeout_s,
+                )
+                for one in choice_requests(request)
+            ]
+            if request.stream:
+                replays = await _all_prefetched(choices)
+                assert release is not None
+                held: Callable[[], None] = release
+                release = None  # the stream owns the slot from here on
+
+                async def close() -> None:
+                    try:
+                        for replay, events in zip(replays, choices, strict=True):
+                            await replay.aclose()
+                            await events.aclose()
+                    finally:
+                        held()
+
+                return ClosingStream(stream_sse(request, replays, self.chat.model_name),
+                                     close, media_type="text/event-stream")
+            return JSONResponse(merge_completions(await _all_finals(choices)))
+        finally:
+            if release is not None:
+                release()
+
+    @api.post("/v1/completions", response_model=None)
+    async def completions(self, raw: Request) -> JSONResponse | StreamingResponse:
+        release: Callable[[], None] | None = self.limiter.acquire(self._authorize(raw))
+        try:
+            request = parse_completion_request(
+                await raw.body(), self.config.router.max_body_bytes, self.config.limits,
+                self.config.main.engine.max_model_len)
+            self._check_model(request.model)
+
+            def main_events(payload: dict[str, Any], prompt: Any) -> AsyncIterator[Any]:
+                return self._main_events(payload, None, prompt)
+
+            timeout = self.config.router.request_timeout_s
+            if request.stream:
+                events = await _prefetched(self.text.stream(request, main_events, timeout))
+                assert release is not None
+                held: Callable[[], None] = release
+                release = None  # the stream owns the slot from here on
+
+                async def close() -> None:
+                    try:
+                        await events.aclose()
+                    finally:
+                        held()
+
+                return ClosingStream(events, close, media_type="text/event-stream")
+            async with asyncio.timeout(timeout):
+                return JSONResponse(await self.text.complete(request, main_events))
+        except TimeoutError:
+            raise deadline_error(self.config.router.request_timeout_s) from None
+        finally:
+            if release is not None:
+                release()
+
+    @api.post("/v1/responses", response_model=None)
+    async def responses(self, raw: Request) -> JSONResponse | StreamingResponse:
+        release: Callable[[], None] | None = self.limiter.acquire(self._authorize(raw))
+        try:
+            max_bytes = self.config.router.max_body_bytes
+            request = parse_responses_request(await raw.body(), max_bytes)
+            self._check_model(request.model)
+            # The chat route's checks (limits, schemas) on the request it becomes.
+            converted = to_chat_request(request).model_dump(exclude_none=True)
+            chat = parse_request(json.dumps(converted).encode(), 2 * max_bytes,
+                                 self.config.limits, self.config.main.engine.max_model_len)
+            self.chat.check_options(chat)
             events = with_deadline(
-                self.chat.events(request, self._start_sidecar, self._main_events,
+                self.chat.events(chat, self._start_sidecar, self._main_events,
                                  trace_parent=telemetry.extract(raw.headers)),
                 self.config.router.request_timeout_s,
             )
@@ -249,17 +382,20 @@ class Router:
                     finally:
                         held()
 
-                return ClosingStream(stream_sse(request, replay, self.chat.model_name),
-                                     close, media_type="text/event-stream")
-            completion: dict[str, Any] | None = None
-            async for kind, event in events:
-                if kind == "final":
-                    completion = event
-            assert completion is not None
-            return JSONResponse(completion)
+                return ClosingStream(
+                    stream_events(request, chat, replay, self.chat.model_name), close,
+                    media_type="text/event-stream")
+            completion = await _final(events)
+            return JSONResponse(
+                ResponseBuilder(request, self.chat.model_name).final(completion))
         finally:
             if release is not None:
                 release()
+
+    def _check_model(self, model: str | None) -> None:
+        if model and model != self.chat.model_name:
+            raise ApiError(404, f"model '{model}' does not exist; this server serves "
+                           f"'{self.chat.model_name}'", param="model", code="model_not_found")
 
     async def _start_sidecar(self, payload: dict[str, Any]) -> SidecarStart | None:
         if self.sidecar is None:
@@ -284,7 +420,7 @@ class Router:
         return SidecarStart(token=ref, prediction=ref, cancel=response.cancel)
 
     async def _main_events(
-        self, payload: dict[str, Any], sidecar_ref: Any
+        self, payload: dict[str, Any], sidecar_ref: Any, raw_prompt: Any = None
     ) -> AsyncIterator[dict[str, Any]]:
         refs = [sidecar_ref] if sidecar_ref is not None else []
         baseline = (payload.get("ooo_spec") or {}).get("baseline")
@@ -292,7 +428,8 @@ class Router:
         stream: Any = None
         finished = False
         try:
-            stream = main.generate.remote(payload, refs)
+            stream = (main.generate.remote(payload, refs) if raw_prompt is None
+                      else main.generate.remote(payload, refs, raw_prompt))
             async for event in stream:
                 yield event
             finished = True

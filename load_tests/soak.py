@@ -111,7 +111,7 @@ def bad_probes(rng: random.Random, max_body_bytes: int = 1_000_000) -> list[Prob
     return [
         Probe("invalid_json", False, 400, body=b'{"messages": [{"role": "user", "cont'),
         Probe("not_an_object", False, 400, body=b"[1, 2, 3]"),
-        Probe("n_too_many", False, 400, body=_json({**base, "n": 3})),
+        Probe("n_too_many", False, 400, body=_json({**base, "n": 99})),
         Probe("unknown_model", False, 404, body=_json({**base, "model": "gpt-17"})),
         Probe("bad_schema", False, 400, body=_json({**base, "tools": [
             {"type": "function", "function": {"name": "broken",

@@ -35,7 +35,7 @@ from app.api.agent_loop import (
     sum_main,
 )
 from app.api.errors import ApiError, describe_validation_errors
-from app.api.limits import check_body_depth, check_request
+from app.api.limits import check_body_depth, check_request, check_tool_schema
 from app.api.openai_models import (
     CandidateReport,
     ChatCompletionRequest,
@@ -83,6 +83,18 @@ def parse_request(
         raise ApiError(400, message, param=param) from None
     if limits is not None:
         check_request(request, limits, context if context is not None else limits.max_tokens)
+    if limits is not None and (request.n or 1) > limits.max_choices:
+        raise ApiError(400, f"n is {request.n}; this server returns at most "
+                       f"{limits.max_choices} choices per request", param="n",
+                       code="too_many_choices")
+    schema = request.output_schema
+    if schema is not None:
+        if limits is not None:
+            check_tool_schema("response_format", schema, limits)
+        problem = check_schema(schema)
+        if problem:
+            raise ApiError(400, f"response_format has a schema that is not a valid JSON "
+                           f"Schema: {problem}", param="response_format")
     for tool in request.tools or []:
         problem = check_schema(tool.function.parameters)
         if problem:
@@ -459,7 +471,7 @@ class ChatService:
             "created": int(time.time()),
             "model": self.model_name,
             "choices": [{"index": 0, "message": message, "finish_reason": finish,
-                         "logprobs": None}],
+                         "logprobs": _logprobs(request, final.get("logprobs"))}],
             "usage": {
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": completion_tokens,
@@ -527,6 +539,15 @@ async def observe_prediction(prediction: Awaitable[Any], clock: Clock) -> dict[s
     ).model_dump()
 
 
+def _logprobs(
+    request: ChatCompletionRequest, content: list[dict[str, Any]] | None
+) -> dict[str, Any] | None:
+    """A choice's (or chunk's) `logprobs` object, when the request asked for them."""
+    if not request.logprobs:
+        return None
+    return {"content": content or []}
+
+
 def sse(data: dict[str, Any] | str) -> str:
     body = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
     return f"data: {body}\n\n"
@@ -534,7 +555,7 @@ def sse(data: dict[str, Any] | str) -> str:
 
 def chunk(
     completion_id: str, model: str, created: int, delta: dict[str, Any],
-    finish_reason: str | None = None,
+    finish_reason: str | None = None, logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     return {
         "id": completion_id,
@@ -542,48 +563,152 @@ def chunk(
         "created": created,
         "model": model,
         "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason,
-                     "logprobs": None}],
+                     "logprobs": logprobs}],
     }
+
+
+async def _choice_chunks(
+    request: ChatCompletionRequest,
+    events: AsyncIterator[tuple[str, dict[str, Any]]],
+    head: tuple[str, str, int],
+) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    """One choice's chunks (index 0): ('chunk', chunk) for the role, content deltas (or the
+    tool calls once parsed), then ('finish', finish chunk) and ('end', completion).
+
+    With tools in play the text is held back until the end: the client must see either
+    content or parsed tool calls, never raw `<tool_call>` markup."""
+    hold_text = request.effective_tool_choice != "none"
+    yield "chunk", chunk(*head, {"role": "assistant", "content": ""})
+    async for kind, event in events:
+        if kind == "delta":
+            if not hold_text:
+                yield "chunk", chunk(*head, {"content": event["text"]},
+                                     logprobs=_logprobs(request, event.get("logprobs")))
+            continue
+        choice = event["choices"][0]
+        message = choice["message"]
+        # Held text: the whole output's logprobs ride on its first chunk.
+        held = choice["logprobs"] if hold_text else None
+        if hold_text and message.get("content"):
+            yield "chunk", chunk(*head, {"content": message["content"]}, logprobs=held)
+            held = None
+        for index, call in enumerate(message.get("tool_calls") or []):
+            yield "chunk", chunk(*head, {"tool_calls": [{"index": index, **call}]},
+                                 logprobs=held)
+            held = None
+        yield "finish", chunk(*head, {}, choice["finish_reason"])
+        yield "end", event
+
+
+async def _merged(
+    streams: Sequence[AsyncIterator[tuple[str, dict[str, Any]]]],
+) -> AsyncIterator[tuple[int, str, dict[str, Any]]]:
+    """Items of several streams as they come, tagged with the stream's index."""
+    if len(streams) == 1:
+        async for kind, item in streams[0]:
+            yield 0, kind, item
+        return
+    queue: asyncio.Queue[tuple[int, str, Any]] = asyncio.Queue()
+
+    async def pump(index: int, stream: AsyncIterator[tuple[str, dict[str, Any]]]) -> None:
+        try:
+            async for kind, item in stream:
+                await queue.put((index, kind, item))
+            await queue.put((index, "done", None))
+        except BaseException as exc:
+            await queue.put((index, "raised", exc))
+            raise
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        running = len(tasks)
+        while running:
+            index, kind, item = await queue.get()
+            if kind == "done":
+                running -= 1
+            elif kind == "raised":
+                raise item
+            else:
+                yield index, kind, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def stream_sse(
     request: ChatCompletionRequest,
-    events: AsyncIterator[tuple[str, dict[str, Any]]],
+    events: AsyncIterator[tuple[str, dict[str, Any]]]
+    | Sequence[AsyncIterator[tuple[str, dict[str, Any]]]],
     model: str,
 ) -> AsyncIterator[str]:
-    """OpenAI SSE: role chunk, content deltas (or the tool calls once parsed), a finish chunk,
-    a usage chunk when asked, the `ooo_spec` object on the last chunk, then `[DONE]`.
-
-    With tools in play the text is held back until the end: the client must see either
-    content or parsed tool calls, never raw `<tool_call>` markup."""
+    """OpenAI SSE: per choice a role chunk and content deltas (or the tool calls once parsed);
+    then the finish chunks, a usage chunk when asked, the `ooo_spec` object on the last
+    chunk, then `[DONE]`. `events`: one choice's events, or one per choice (`n` > 1)."""
+    streams = [events] if not isinstance(events, Sequence) else list(events)
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
-    hold_text = request.effective_tool_choice != "none"
-    yield sse(chunk(completion_id, model, created, {"role": "assistant", "content": ""}))
+    head = (completion_id, model, created)
+    finishes: list[dict[str, Any]] = []
+    ends: list[dict[str, Any]] = []
     try:
-        async for kind, event in events:
-            if kind == "delta":
-                if not hold_text:
-                    yield sse(chunk(completion_id, model, created, {"content": event["text"]}))
-                continue
-            choice = event["choices"][0]
-            message = choice["message"]
-            if hold_text and message.get("content"):
-                yield sse(chunk(completion_id, model, created, {"content": message["content"]}))
-            for index, call in enumerate(message.get("tool_calls") or []):
-                delta = {"tool_calls": [{"index": index, **call}]}
-                yield sse(chunk(completion_id, model, created, delta))
-            last = chunk(completion_id, model, created, {}, choice["finish_reason"])
-            include_usage = request.stream_options and request.stream_options.include_usage
-            if include_usage:
-                yield sse(last)
-                last = {**chunk(completion_id, model, created, {}), "choices": [],
-                        "usage": event["usage"]}
-            last["ooo_spec"] = event["ooo_spec"]
+        choices = [_choice_chunks(request, s, head) for s in streams]
+        async for index, kind, item in _merged(choices):
+            item["choices"] = [{**c, "index": index} for c in item.get("choices", [])]
+            if kind == "chunk":
+                yield sse(item)
+            elif kind == "finish":
+                finishes.append(item)
+            else:
+                ends.append(item)
+        finishes.sort(key=lambda c: c["choices"][0]["index"])
+        for finish in finishes[:-1]:
+            yield sse(finish)
+        last = finishes[-1]
+        include_usage = request.stream_options and request.stream_options.include_usage
+        if include_usage:
             yield sse(last)
+            last = {**chunk(*head, {}), "choices": [], "usage": merged_usage(ends)}
+        last["ooo_spec"] = ends[0]["ooo_spec"]
+        yield sse(last)
     except ApiError as err:
         yield sse(err.body())
     except Exception as exc:  # the stream has started: report in-band, then close cleanly
         yield sse({"error": {"message": f"generation failed: {exc}", "type": "server_error",
                              "param": None, "code": None}})
     yield sse("[DONE]")
+
+
+def merged_usage(completions: Sequence[dict[str, Any]]) -> dict[str, int]:
+    """Usage of `n` choices as vLLM counts it: the prompt once, every choice's completion."""
+    prompt = completions[0]["usage"]["prompt_tokens"]
+    generated = sum(c["usage"]["completion_tokens"] for c in completions)
+    return {"prompt_tokens": prompt, "completion_tokens": generated,
+            "total_tokens": prompt + generated}
+
+
+def merge_completions(completions: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One completion with a choice per completion (`n` > 1); `ooo_spec` is the first
+    choice's."""
+    first = completions[0]
+    if len(completions) == 1:
+        return first
+    choices = [{**c["choices"][0], "index": i} for i, c in enumerate(completions)]
+    return {**first, "choices": choices, "usage": merged_usage(completions)}
+
+
+def choice_requests(request: ChatCompletionRequest) -> list[ChatCompletionRequest]:
+    """One request per choice. As vLLM's parallel sampling: with a `seed`, choice i samples
+    with `seed + i`; without, each samples on its own."""
+    n = request.n or 1
+    if n == 1:
+        return [request]
+    data = request.model_dump(exclude_none=True)
+    data.pop("n")
+    out: list[ChatCompletionRequest] = []
+    for index in range(n):
+        one = dict(data)
+        if request.seed is not None:
+            one["seed"] = request.seed + index
+        out.append(ChatCompletionRequest.model_validate(one))
+    return out

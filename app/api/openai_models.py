@@ -1,7 +1,7 @@
 """OpenAI Chat Completions wire models (requests) and the `ooo_spec` report (responses).
 
-Requests are validated strictly: a field we do not implement, or a value we cannot honour
-(`n > 1`, `logprobs`), is a 400 with a message, never silently ignored. Fields that change
+Requests are validated strictly: a field we do not implement, or a value we cannot honour,
+is a 400 with a message, never silently ignored. Fields that change
 nothing about the output (`user`, `metadata`, `store`) are accepted.
 """
 
@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from app.api.output_format import ResponseFormat
 
 
 class _Wire(BaseModel):
@@ -117,26 +119,20 @@ class ChatCompletionRequest(_Wire):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int | None = None
+    n: int | None = Field(None, ge=1)
     logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
     user: str | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = None
     ooo_spec: OooSpecOptions = Field(default_factory=OooSpecOptions)
+    response_format: ResponseFormat | None = None
 
-    @field_validator("n")
-    @classmethod
-    def _only_one_choice(cls, n: int | None) -> int | None:
-        if n is not None and n != 1:
-            raise ValueError("only n=1 is supported")
-        return n
-
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, v: bool | None) -> bool | None:
-        if v:
-            raise ValueError("logprobs are not supported")
-        return v
+    @model_validator(mode="after")
+    def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("when using 'top_logprobs', 'logprobs' must be set to true")
+        return self
 
     @model_validator(mode="after")
     def _tool_choice_fits_tools(self) -> ChatCompletionRequest:
@@ -151,6 +147,21 @@ class ChatCompletionRequest(_Wire):
                 f"tool_choice names function '{choice.function.name}', which is not in 'tools'"
             )
         return self
+
+    @model_validator(mode="after")
+    def _one_output_constraint(self) -> ChatCompletionRequest:
+        if self.response_format is None:
+            return self
+        schema = self.response_format.output_schema()  # ValueError: json_schema missing
+        if schema is not None and self.effective_tool_choice in ("required", "named"):
+            raise ValueError("a forced tool call (tool_choice 'required' or a named tool) "
+                             "cannot be combined with a JSON response_format")
+        return self
+
+    @property
+    def output_schema(self) -> dict[str, Any] | None:
+        """The JSON schema `response_format` constrains the output to, if any."""
+        return self.response_format.output_schema() if self.response_format else None
 
     @property
     def effective_tool_choice(self) -> str:

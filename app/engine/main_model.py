@@ -23,6 +23,8 @@ from app.api.openai_models import CandidateReport, ChatCompletionRequest
 from app.config import AppConfig
 from app.engine import chat_prompt
 from app.engine.history import InvocationHistory, request_text
+from app.engine.json_grammar import GrammarError, bounded_whitespace_grammar
+from app.engine.logprobs import TokenLogprobs, chat_logprobs, completion_logprobs
 from app.engine.reasoning import Reasoning
 from app.engine.tool_format import (
     ParsedCall,
@@ -30,7 +32,9 @@ from app.engine.tool_format import (
     forced_output_schema,
     parse_forced,
     placeholder_call,
+    placeholder_object,
     render_forced_variants,
+    render_json_variants,
 )
 from app.engine.tool_formats import get_format
 from app.engine.vllm_engine import GenerationTally, VllmEngine
@@ -38,6 +42,22 @@ from app.spec.prediction import PredictedCall, Prediction
 from app.spec.validation import validate_arguments
 
 logger = logging.getLogger(__name__)
+
+
+def completion_budget(
+    context: int, prompt_tokens: int, wanted: int | None, default: int | None, ceiling: int
+) -> int:
+    """max_tokens for the engine, as vLLM's OpenAI server computes it (`get_max_tokens`):
+    the smallest of the rest of the context, the request's own value (or the configured
+    default when it gives none) and the server's ceiling (`limits.max_tokens`).
+
+    >>> completion_budget(2048, 100, None, None, 4096)  # no max_tokens: the rest of the context
+    1948
+    >>> completion_budget(2048, 100, None, None, 512), completion_budget(2048, 100, 64, None, 512)
+    (512, 64)
+    """
+    fallback = wanted if wanted is not None else default
+    return min(v for v in (context - prompt_tokens, fallback, ceiling) if v is not None)
 
 
 @dataclass
@@ -48,6 +68,8 @@ class PreparedRequest:
     mode: str  # 'none' | 'auto' | 'required' | 'named'
     tools: list[dict[str, Any]]
     speculate: bool
+    # /v1/completions: the prompt is raw text (no chat template), logprobs in its shape.
+    raw_prompt: bool = False
     # Thinking models (`main.engine.reasoning_parser`); None: the output has no reasoning.
     reasoning: Reasoning | None = None
 
@@ -89,21 +111,33 @@ class MainModelService:
         return self.config.main.engine.served_model_name
 
     # ----- request preparation ----------------------------------------------------------
-    def prepare(self, request: ChatCompletionRequest) -> PreparedRequest:
+    def prepare(
+        self, request: ChatCompletionRequest, raw_prompt: str | list[int] | None = None
+    ) -> PreparedRequest:
+        """`raw_prompt` (/v1/completions, whose request comes as a chat request without
+        tools): the text or token ids the model continues, instead of the chat template."""
         mode = request.effective_tool_choice
         tools = request.tool_dicts() if mode != "none" else []
-        prompt = self.prompt_ids(request, tools)
+        if raw_prompt is None:
+            prompt = self.prompt_ids(request, tools)
+        elif isinstance(raw_prompt, str):
+            prompt = list(self.engine.tokenizer.encode(raw_prompt))
+        else:
+            prompt = list(raw_prompt)
         limit = self.config.main.engine.max_model_len
         if len(prompt) >= limit:
             raise ApiError(
                 400,
-                f"the messages take {len(prompt)} tokens, more than the model's context of "
-                f"{limit} tokens; shorten the conversation or the tool list",
-                param="messages",
+                f"the {'prompt' if raw_prompt is not None else 'messages'} take {len(prompt)} "
+                f"tokens, more than the model's context of {limit} tokens; shorten the "
+                f"{'prompt' if raw_prompt is not None else 'conversation or the tool list'}",
+                param="prompt" if raw_prompt is not None else "messages",
                 code="context_length_exceeded",
             )
-        wanted = request.max_completion_tokens or request.max_tokens
-        max_tokens = min(wanted or self.config.router.default_max_tokens, limit - len(prompt))
+        max_tokens = completion_budget(
+            limit, len(prompt), request.max_completion_tokens or request.max_tokens,
+            self.config.router.default_max_tokens, self.config.limits.max_tokens,
+        )
         sampling: dict[str, Any] = {
             "max_tokens": max_tokens,
             "temperature": 1.0 if request.temperature is None else request.temperature,
@@ -111,12 +145,17 @@ class MainModelService:
         }
         if request.seed is not None:
             sampling["seed"] = request.seed
+        if request.logprobs:
+            # As vLLM: the sampled token's logprob plus `top_logprobs` alternatives.
+            sampling["logprobs"] = request.top_logprobs or 0
         if request.stop:
             sampling["stop"] = [request.stop] if isinstance(request.stop, str) else request.stop
         if mode in ("required", "named"):
-            sampling["structured_json"] = forced_output_schema(
+            sampling.update(self.json_constraint(forced_output_schema(
                 tools, request.named_tool, parallel=request.parallel_tool_calls is True
-            )
+            )))
+        elif request.output_schema is not None:
+            sampling.update(self.json_constraint(request.output_schema))
         return PreparedRequest(
             request=request,
             prompt_token_ids=prompt,
@@ -124,12 +163,16 @@ class MainModelService:
             mode=mode,
             tools=tools,
             # Without the candidate proposer nothing would read the drafts.
-            speculate=request.ooo_spec.enabled and bool(tools)
+            speculate=request.ooo_spec.enabled
+            and (bool(tools) or request.output_schema is not None or raw_prompt is not None)
             and self.engine.speculation is not None,
-            # Forced outputs are JSON from the first token: no room to think.
+            # Forced outputs (calls, response_format) are JSON from the first token and
+            # /v1/completions has no chat turn: no room to think.
             reasoning=Reasoning.for_request(
                 self.config.main.engine.reasoning_parser, request.chat_template_kwargs
-            ) if mode in ("auto", "none") else None,
+            ) if mode in ("auto", "none") and raw_prompt is None
+            and request.output_schema is None else None,
+            raw_prompt=raw_prompt is not None,
         )
 
     @property
@@ -172,6 +215,19 @@ class MainModelService:
             )
         return list(tokenizer.encode(text, add_special_tokens=False))
 
+    def json_constraint(self, schema: dict[str, Any]) -> dict[str, Any]:
+        """Sampling options that constrain the output to JSON matching `schema`: the
+        bounded-whitespace grammar (app/engine/json_grammar.py), or vLLM's own JSON grammar
+        when `main.json_max_indent` is None."""
+        max_indent = self.config.main.json_max_indent
+        if max_indent is None:
+            return {"structured_json": schema}
+        try:
+            return {"structured_grammar": bounded_whitespace_grammar(schema, max_indent)}
+        except GrammarError as exc:
+            raise ApiError(400, f"the engine rejected the request: {exc}",
+                           code="rejected_by_engine") from None
+
     # ----- candidates -------------------------------------------------------------------
     def render_candidate(self, prepared: PreparedRequest, calls: list[ParsedCall]) -> list[str]:
         """Texts of the whole output the main model may write for `calls`: one per whitespace
@@ -181,7 +237,11 @@ class MainModelService:
         return self.format.render_variants(calls)
 
     def schema_candidates(self, prepared: PreparedRequest) -> list[str]:
-        """Keys and punctuation of every callable tool, known before any prediction."""
+        """Keys and punctuation of every callable tool (or of the `response_format`
+        schema), known before any prediction."""
+        schema = prepared.request.output_schema
+        if schema is not None and prepared.mode not in ("required", "named"):
+            return render_json_variants(placeholder_object(schema), schema)
         if prepared.mode not in ("required", "named"):
             return []
         tools = [
@@ -313,6 +373,7 @@ class MainModelService:
             pending_render.extend(self.schema_candidates(prepared))
         receiver = asyncio.ensure_future(receive()) if candidates is not None else None
         tally = GenerationTally(len(prepared.prompt_token_ids), started)
+        text_offset = 0  # completions' logprobs count characters from the output's start
         try:
             async for delta in self.engine.stream(
                 prepared.prompt_token_ids, dict(prepared.sampling), prepared.speculate, on_start,
@@ -327,8 +388,13 @@ class MainModelService:
                         opened.append(so_far[:end])
                         if internal:
                             offer(internal[0], pending_render)
-                if delta.text:
-                    yield {"type": "delta", "text": delta.text}
+                if delta.text or delta.logprobs:
+                    event: dict[str, Any] = {"type": "delta", "text": delta.text}
+                    if delta.logprobs is not None:
+                        event["logprobs"] = self.shaped_logprobs(prepared, delta.logprobs,
+                                                                 text_offset)
+                    text_offset += len(delta.text)
+                    yield event
         finally:
             if receiver is not None and not receiver.done():
                 receiver.cancel()
@@ -374,7 +440,21 @@ class MainModelService:
                 "no_call": intake.no_call,
             },
             "main_ms": (time.perf_counter() - started) * 1000,
+            "logprobs": (self.shaped_logprobs(prepared, result.logprobs)
+                         if result.logprobs is not None else None),
         }
+
+    def shaped_logprobs(
+        self, prepared: PreparedRequest, tokens: list[TokenLogprobs], offset: int = 0
+    ) -> Any:
+        """Chat's `logprobs.content` list, or a completion choice's `logprobs` object."""
+        top = prepared.request.top_logprobs or 0
+        if prepared.raw_prompt:
+            return completion_logprobs(tokens, top, self.decode_token, offset)
+        return chat_logprobs(tokens, top, self.decode_token)
+
+    def decode_token(self, token_id: int) -> str:
+        return str(self.engine.tokenizer.decode([token_id]))
 
     def parse(self, prepared: PreparedRequest, text: str) -> ParsedOutput:
         if prepared.mode in ("required", "named"):

@@ -6,8 +6,9 @@ Two ways a call is written, and both are what candidates are rendered into:
 - forced decoding (`required` or a named tool): vLLM structured outputs constrain the whole
   output to JSON — a list of calls for `required`, one call for a named tool.
 
-The grammar fixes keys (in schema order) and punctuation but leaves whitespace to the model, and
-the model's whitespace varies between requests (one line, indent 2, indent 4). Forcing compact
+The grammar fixes keys (in schema order) and punctuation but leaves whitespace to the model
+(bounded: at most one newline plus indentation between two tokens, app/engine/json_grammar.py),
+and the model's whitespace varies between requests (one line, indent 2, indent 4). Forcing compact
 JSON is no cure: the model then writes non-canonical token splits that no rendering predicts. So
 a candidate is rendered in each style the model is seen to use (`STYLES`), and the proposer
 follows whichever variant the model's own tokens agree with.
@@ -133,13 +134,23 @@ def placeholder_call(tool: dict[str, Any]) -> ParsedCall:
     Drafted from the schema alone before any prediction arrives: the keys and punctuation
     are what the main model will write; at each value the draft is rejected, and the proposer
     picks the text up again at the next key (see `alignment.candidate_remainder`)."""
-    params = tool["function"].get("parameters") or {}
-    required = set(params.get("required") or [])
-    props = params.get("properties") or {}
     return ParsedCall(
-        tool["function"]["name"],
-        {k: _placeholder(v) for k, v in props.items() if k in required},
+        tool["function"]["name"], placeholder_object(tool["function"].get("parameters") or {})
     )
+
+
+def placeholder_object(schema: dict[str, Any]) -> dict[str, Any]:
+    """An object with the schema's required keys, in its order, and a placeholder value each."""
+    required = set(schema.get("required") or [])
+    props = schema.get("properties") or {}
+    return {k: _placeholder(v) for k, v in props.items() if k in required}
+
+
+def render_json_variants(value: Any, schema: dict[str, Any]) -> list[str]:
+    """The texts the model may write for `value` under a `response_format` schema, one per
+    whitespace style (as `render_forced_variants` for a call)."""
+    ordered = order_like_schema(value, schema)
+    return list(dict.fromkeys(json.dumps(ordered, ensure_ascii=False, **s) for s in STYLES))
 
 
 def _placeholder(schema: dict[str, Any]) -> Any:

@@ -32,6 +32,7 @@ from app.engine.engine_args import (
     detect_platform,
     engine_launch,
 )
+from app.engine.logprobs import TokenLogprobs, from_engine
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +49,8 @@ class StepDelta:
     time: float
     # Set on the last delta: what the proposer drafted for this request.
     speculation: RequestSpeculation | None = None
+    # Per token, when the request asked for logprobs (app/engine/logprobs.py).
+    logprobs: list[TokenLogprobs] | None = None
 
 
 @dataclass
@@ -60,6 +63,7 @@ class GenerationResult:
     ttft_ms: float
     decode_ms: float
     speculation: RequestSpeculation | None
+    logprobs: list[TokenLogprobs] | None = None
 
     @property
     def accepted_tokens(self) -> int:
@@ -81,6 +85,7 @@ class GenerationTally:
         self.last = started
         self.finish: str | None = None
         self.speculation: RequestSpeculation | None = None
+        self.logprobs: list[TokenLogprobs] | None = None
 
     def add(self, delta: StepDelta) -> None:
         if delta.token_ids:
@@ -92,6 +97,8 @@ class GenerationTally:
         self.text.append(delta.text)
         self.finish = delta.finish_reason or self.finish
         self.speculation = delta.speculation or self.speculation
+        if delta.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + delta.logprobs
 
     def result(self) -> GenerationResult:
         first = self.first or self.last
@@ -104,6 +111,7 @@ class GenerationTally:
             ttft_ms=(first - self.started) * 1000,
             decode_ms=(self.last - first) * 1000,
             speculation=self.speculation,
+            logprobs=self.logprobs,
         )
 
 
@@ -300,6 +308,8 @@ class VllmEngine:
             finished=bool(out.finished),
             finish_reason=completion.finish_reason,
             time=now,
+            logprobs=(from_engine(list(completion.token_ids), completion.logprobs)
+                      if completion.logprobs is not None else None),
         )
         loop, q = stream
         loop.call_soon_threadsafe(q.put_nowait, delta)
@@ -330,7 +340,10 @@ class VllmEngine:
         schema = options.pop("structured_json", None)
         choice = options.pop("structured_choice", None)
         regex = options.pop("structured_regex", None)
-        if schema is not None:
+        grammar = options.pop("structured_grammar", None)
+        if grammar is not None:  # EBNF (app/engine/json_grammar.py)
+            options["structured_outputs"] = StructuredOutputsParams(grammar=grammar)
+        elif schema is not None:
             options["structured_outputs"] = StructuredOutputsParams(json=schema)
         elif choice is not None:
             options["structured_outputs"] = StructuredOutputsParams(choice=choice)

@@ -17,7 +17,7 @@ BAD: list[tuple[str, bytes | dict, int, str]] = [
     ("not an object", b"[1, 2]", 400, "JSON object"),
     ("missing messages", {"model": "x"}, 400, "messages"),
     ("wrong types", {"messages": "hello", "temperature": "hot"}, 400, "messages"),
-    ("n=2", {**GOOD, "n": 2}, 400, "n=1"),
+    ("n=99", {**GOOD, "n": 99}, 400, "at most 8 choices"),
     ("unknown tool_choice function",
      {**GOOD, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, 400, "nope"),
     ("required without tools", {"messages": GOOD["messages"], "tool_choice": "required"}, 400,

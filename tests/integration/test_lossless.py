@@ -7,6 +7,7 @@ the same store the deployment uses, at chosen moments.
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Iterator
 from typing import Any
@@ -17,6 +18,7 @@ from app.api.openai_models import ChatCompletionRequest
 from app.config import AppConfig, EngineConfig, SpeculationConfig
 from app.engine.candidate_proposer import bind_proposer
 from app.engine.draft_policy import DraftPolicy
+from app.engine.json_grammar import bounded_whitespace_grammar
 from app.engine.main_model import MainModelService
 from app.engine.tool_format import (
     ParsedCall,
@@ -27,6 +29,7 @@ from app.engine.tool_format import (
     render_free,
 )
 from app.engine.vllm_engine import VllmEngine
+from app.spec.prediction import PredictedCall, Prediction
 
 pytestmark = pytest.mark.integration
 
@@ -273,3 +276,128 @@ async def test_drafting_that_pauses_and_resumes_is_lossless(engine: VllmEngine) 
     finally:
         _bind(engine, DraftPolicy.from_config(engine.speculation))
     assert paused > 0 and resumed > 0, (paused, resumed)
+
+
+@pytest.mark.parametrize("text", PROMPTS[:4])
+async def test_bounded_whitespace_grammar_is_lossless(engine: VllmEngine, text: str) -> None:
+    """The served grammar (whitespace bounded, app/engine/json_grammar.py): a right, a wrong
+    and no candidate leave the output token-identical to plain decoding under it."""
+    prompt = _prompt(engine, text)
+    sampling = {"max_tokens": 96, "temperature": 0.0,
+                "structured_grammar": bounded_whitespace_grammar(
+                    forced_output_schema(TOOLS, None), 32)}
+    plain, plain_steps = await _run(engine, prompt, sampling, False, [])
+    output = engine.tokenizer.decode(plain[:-1] if plain[-1] == engine.eos_token_id else plain)
+    right = parse_forced(output, None).calls
+    for candidates in (render_forced_variants(right, TOOLS, None),
+                       render_forced_variants([_wrong_argument(right[0])], TOOLS, None), []):
+        tokens, steps = await _run(engine, prompt, sampling, True, candidates)
+        assert tokens == plain, f"{text!r}: output differs from plain decoding"
+    assert steps <= plain_steps
+
+
+CITY = {"type": "object", "properties": {
+    "name": {"type": "string"}, "country": {"type": "string"},
+    "population": {"type": "integer"}},
+    "required": ["name", "country", "population"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("response_format", [
+    {"type": "json_schema", "json_schema": {"name": "City", "schema": CITY, "strict": True}},
+    {"type": "json_object"},
+])
+async def test_response_format_is_lossless(
+    engine: VllmEngine, response_format: dict[str, Any]
+) -> None:
+    """`response_format` with speculation on (the schema's keys as drafts, prompt lookup):
+    token-identical to plain decoding, and the output is JSON under the constraint."""
+    service = MainModelService(AppConfig(), engine=engine)
+
+    async def generate(enabled: bool) -> dict[str, Any]:
+        request = ChatCompletionRequest.model_validate({
+            "messages": [{"role": "user", "content": "Describe Paris as JSON."}],
+            "response_format": response_format, "temperature": 0.0, "max_tokens": 96,
+            "ooo_spec": {"enabled": enabled},
+        })
+        final: dict[str, Any] = {}
+        async for event in service.run(service.prepare(request), None):
+            final = event
+        return final
+
+    plain = await generate(False)
+    spec = await generate(True)
+    assert spec["token_ids"] == plain["token_ids"]
+    assert plain["main"]["drafted_tokens"] == 0
+    if response_format["type"] == "json_schema":  # its keys were drafted, and verified
+        assert spec["main"]["drafted_tokens"] > 0
+    if plain["finish_reason"] == "stop":
+        value = json.loads(plain["content"])
+        assert isinstance(value, dict)
+        if response_format["type"] == "json_schema":
+            assert list(value) == ["name", "country", "population"]
+
+
+async def test_logprobs_equal_plain_decodings(engine: VllmEngine) -> None:
+    """With speculation on (the right call as the sidecar's candidate, so most tokens come
+    from verified drafts), the logprobs and top_logprobs equal plain decoding's."""
+    config = AppConfig.model_validate({"speculation": {"history": {"enabled": False}}})
+    service = MainModelService(config, engine=engine)
+
+    async def generate(enabled: bool, prediction: Prediction | None) -> dict[str, Any]:
+        request = ChatCompletionRequest.model_validate({
+            "messages": [{"role": "user", "content": PROMPTS[2]}], "tools": TOOLS,
+            "tool_choice": "required", "temperature": 0.0, "max_tokens": 96,
+            "logprobs": True, "top_logprobs": 3, "ooo_spec": {"enabled": enabled},
+        })
+
+        async def ready() -> Prediction:
+            assert prediction is not None
+            return prediction
+
+        final: dict[str, Any] = {}
+        async for event in service.run(service.prepare(request),
+                                       ready() if prediction else None):
+            final = event
+        return final
+
+    plain = await generate(False, None)
+    right = Prediction(candidates=[[PredictedCall(name=c["name"], arguments=c["arguments"])
+                                    for c in plain["calls"]]])
+    spec = await generate(True, right)
+    assert spec["token_ids"] == plain["token_ids"]
+    assert spec["main"]["accepted_tokens"] > len(plain["token_ids"]) // 2, spec["main"]
+    assert len(plain["logprobs"]) == len(plain["token_ids"])
+    worst = 0.0
+    for mine, theirs in zip(spec["logprobs"], plain["logprobs"], strict=True):
+        assert mine["token"] == theirs["token"]
+        assert [t["token"] for t in mine["top_logprobs"]] == [
+            t["token"] for t in theirs["top_logprobs"]]
+        pairs = [(mine["logprob"], theirs["logprob"])] + [
+            (a["logprob"], b["logprob"])
+            for a, b in zip(mine["top_logprobs"], theirs["top_logprobs"], strict=True)]
+        worst = max([worst, *(abs(a - b) for a, b in pairs)])
+    # float32: a verifying pass computes the same logits as one-token decoding up to
+    # kernel rounding.
+    assert worst <= 1e-3, worst
+    print(f"largest logprob difference, speculative vs plain: {worst:.2e}")
+
+
+async def test_raw_prompt_completion_is_lossless(engine: VllmEngine) -> None:
+    """/v1/completions: a raw prompt (no chat template), prompt-lookup drafts on: the text is
+    plain decoding's, and a repetitive prompt gets drafts accepted."""
+    service = MainModelService(AppConfig(), engine=engine)
+    prompt = "one two three four, one two three four, one two three four, one two"
+
+    async def generate(enabled: bool) -> dict[str, Any]:
+        request = ChatCompletionRequest.model_validate({
+            "messages": [{"role": "user", "content": ""}], "temperature": 0.0,
+            "max_tokens": 32, "ooo_spec": {"enabled": enabled, "history": False}})
+        final: dict[str, Any] = {}
+        async for event in service.run(service.prepare(request, prompt), None):
+            final = event
+        return final
+
+    plain = await generate(False)
+    spec = await generate(True)
+    assert spec["token_ids"] == plain["token_ids"]
+    assert spec["main"]["accepted_tokens"] > 0

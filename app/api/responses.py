@@ -1,0 +1,402 @@
+"""`POST /v1/responses`: the stateless subset of OpenAI's Responses API that agent frameworks
+use, served by the chat completion machinery (sidecar, speculation, tools, `ooo_spec`).
+
+A request becomes a chat request: `instructions` the system message, `input` a string (one user
+message) or items (messages; `function_call` items as an assistant's tool calls;
+`function_call_output` items as tool messages), function `tools`, `tool_choice`, `text.format`
+as `response_format`, `max_output_tokens` as `max_tokens`. The chat completion becomes a
+`response` object: a `message` item for text, a `function_call` item per call. Nothing is
+stored: `previous_response_id` and `conversation` are 400s, and the response says
+`store: false`. Streaming sends the Responses event sequence (`response.created` ...
+`response.completed`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from app.api.errors import ApiError, describe_validation_errors
+from app.api.openai_models import ChatCompletionRequest, OooSpecOptions
+
+
+class _Item(BaseModel):
+    # Items a client sends back carry ids, statuses, annotations: not needed here.
+    model_config = ConfigDict(extra="ignore")
+
+
+class ContentPart(_Item):
+    type: Literal["input_text", "output_text", "text", "refusal"]
+    text: str | None = None
+    refusal: str | None = None
+
+
+class MessageItem(_Item):
+    type: Literal["message"] = "message"
+    role: Literal["user", "system", "developer", "assistant"]
+    content: str | list[ContentPart]
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text or p.refusal or "" for p in self.content)
+
+
+class FunctionCallItem(_Item):
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+
+
+class FunctionCallOutputItem(_Item):
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str | list[ContentPart]
+
+    def text(self) -> str:
+        if isinstance(self.output, str):
+            return self.output
+        return "".join(p.text or "" for p in self.output)
+
+
+InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem
+
+
+class FunctionTool(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"]
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class FunctionChoice(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"]
+    name: str
+
+
+class TextFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    description: str | None = None
+    json_schema: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class TextOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format: TextFormat | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+
+
+class ResponsesRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["auto", "none", "required"] | FunctionChoice | None = None
+    parallel_tool_calls: bool | None = None
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    max_output_tokens: int | None = Field(None, ge=1)
+    stream: bool = False
+    text: TextOptions | None = None
+    # Accepted, and nothing is stored either way (the response says `store: false`).
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    truncation: Literal["disabled"] | None = None
+    include: list[str] | None = None
+    # Refused with a clear message below when set.
+    previous_response_id: str | None = None
+    conversation: Any = None
+    reasoning: dict[str, Any] | None = None
+    ooo_spec: OooSpecOptions = Field(default_factory=OooSpecOptions)
+
+    @model_validator(mode="after")
+    def _stateless(self) -> ResponsesRequest:
+        if self.previous_response_id is not None or self.conversation is not None:
+            raise ValueError("stored responses are not supported: this server keeps no state; "
+                             "send the whole conversation in 'input' (previous_response_id "
+                             "and conversation must be unset)")
+        if self.reasoning:
+            raise ValueError("'reasoning' is not supported: the served model does not reason")
+        if self.include:
+            raise ValueError(f"'include' is not supported (got {self.include})")
+        return self
+
+
+def parse_responses_request(body: bytes, max_bytes: int) -> ResponsesRequest:
+    if len(body) > max_bytes:
+        raise ApiError(413, f"request body is {len(body)} bytes; the limit is {max_bytes}")
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise ApiError(400, f"request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "request body must be a JSON object")
+    try:
+        return ResponsesRequest.model_validate(data)
+    except ValidationError as exc:
+        message, param = describe_validation_errors(exc.errors())
+        raise ApiError(400, message, param=param) from None
+
+
+def _item(raw: dict[str, Any], index: int) -> InputItem:
+    kind = raw.get("type", "message")
+    model: type[InputItem]
+    if kind == "message":
+        model = MessageItem
+    elif kind == "function_call":
+        model = FunctionCallItem
+    elif kind == "function_call_output":
+        model = FunctionCallOutputItem
+    else:
+        raise ApiError(400, f"input[{index}] has type '{kind}'; supported: message, "
+                       "function_call, function_call_output", param=f"input[{index}]")
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        message, _ = describe_validation_errors(exc.errors())
+        raise ApiError(400, f"input[{index}]: {message}", param=f"input[{index}]") from None
+
+
+def chat_messages(request: ResponsesRequest) -> list[dict[str, Any]]:
+    """`instructions` and `input` as chat messages."""
+    messages: list[dict[str, Any]] = []
+    if request.instructions:
+        messages.append({"role": "system", "content": request.instructions})
+    if isinstance(request.input, str):
+        return [*messages, {"role": "user", "content": request.input}]
+    for index, raw in enumerate(request.input):
+        item = _item(raw, index)
+        if isinstance(item, MessageItem):
+            messages.append({"role": item.role, "content": item.text()})
+        elif isinstance(item, FunctionCallItem):
+            call = {"id": item.call_id, "type": "function",
+                    "function": {"name": item.name, "arguments": item.arguments}}
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant" and "tool_calls" in last:
+                last["tool_calls"].append(call)  # parallel calls: one assistant turn
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        else:
+            messages.append({"role": "tool", "tool_call_id": item.call_id,
+                             "content": item.text()})
+    if not messages:
+        raise ApiError(400, "'input' has no items", param="input")
+    return messages
+
+
+def to_chat_request(request: ResponsesRequest) -> ChatCompletionRequest:
+    data: dict[str, Any] = {
+        "messages": chat_messages(request),
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "max_tokens": request.max_output_tokens,
+        "parallel_tool_calls": request.parallel_tool_calls,
+        "ooo_spec": request.ooo_spec.model_dump(),
+        "stream": request.stream,
+    }
+    if request.tools:
+        data["tools"] = [{"type": "function", "function": t.model_dump(
+            exclude={"type"}, exclude_none=True)} for t in request.tools]
+    choice = request.tool_choice
+    if isinstance(choice, FunctionChoice):
+        data["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
+    elif choice is not None:
+        data["tool_choice"] = choice
+    fmt = request.text.format if request.text else None
+    if fmt is not None and fmt.type == "json_schema":
+        if fmt.json_schema is None:
+            raise ApiError(400, "text.format 'json_schema' needs a 'schema'",
+                           param="text.format")
+        data["response_format"] = {"type": "json_schema", "json_schema": {
+            "name": fmt.name or "response", "schema": fmt.json_schema, "strict": fmt.strict}}
+    elif fmt is not None:
+        data["response_format"] = {"type": fmt.type}
+    try:
+        return ChatCompletionRequest.model_validate(
+            {k: v for k, v in data.items() if v is not None})
+    except ValidationError as exc:
+        message, param = describe_validation_errors(exc.errors())
+        raise ApiError(400, message, param=param) from None
+
+
+# ----- the response -------------------------------------------------------------------------
+def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
+    return {"type": "message", "id": item_id, "status": status, "role": "assistant",
+            "content": content if text or status == "completed" else []}
+
+
+def _call_item(call: dict[str, Any], status: str = "completed") -> dict[str, Any]:
+    return {"type": "function_call", "id": f"fc_{call['id'].removeprefix('call_')}",
+            "call_id": call["id"], "name": call["function"]["name"],
+            "arguments": call["function"]["arguments"], "status": status}
+
+
+class ResponseBuilder:
+    """The `response` object around one chat completion, in every state of a stream."""
+
+    def __init__(self, request: ResponsesRequest, model: str) -> None:
+        self.request = request
+        self.model = model
+        self.id = f"resp_{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    def body(self, status: str, output: list[dict[str, Any]],
+             completion: dict[str, Any] | None = None) -> dict[str, Any]:
+        fmt = (self.request.text.format if self.request.text and self.request.text.format
+               else None)
+        body: dict[str, Any] = {
+            "id": self.id, "object": "response", "created_at": self.created,
+            "status": status, "model": self.model, "output": output,
+            "instructions": self.request.instructions,
+            "tools": [t.model_dump(exclude_none=True) for t in self.request.tools or []],
+            "tool_choice": (self.request.tool_choice.model_dump()
+                            if isinstance(self.request.tool_choice, FunctionChoice)
+                            else self.request.tool_choice or "auto"),
+            "parallel_tool_calls": self.request.parallel_tool_calls is not False,
+            "temperature": self.request.temperature, "top_p": self.request.top_p,
+            "max_output_tokens": self.request.max_output_tokens,
+            "text": {"format": (fmt.model_dump(by_alias=True, exclude_none=True)
+                                if fmt else {"type": "text"})},
+            "previous_response_id": None, "store": False, "truncation": "disabled",
+            "metadata": self.request.metadata or {}, "error": None,
+            "incomplete_details": None, "usage": None,
+        }
+        if completion is not None:
+            usage = completion["usage"]
+            body["usage"] = {
+                "input_tokens": usage["prompt_tokens"],
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens": usage["completion_tokens"],
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": usage["total_tokens"],
+            }
+            if status == "incomplete":
+                body["incomplete_details"] = {"reason": "max_output_tokens"}
+            body["ooo_spec"] = completion["ooo_spec"]
+        return body
+
+    def final(self, completion: dict[str, Any], message_id: str | None = None
+              ) -> dict[str, Any]:
+        choice = completion["choices"][0]
+        message = choice["message"]
+        output: list[dict[str, Any]] = []
+        if message.get("content"):
+            output.append(_message_item(message_id or f"msg_{uuid.uuid4().hex}",
+                                        message["content"], "completed"))
+        output.extend(_call_item(call) for call in message.get("tool_calls") or [])
+        status = "incomplete" if choice["finish_reason"] == "length" else "completed"
+        return self.body(status, output, completion)
+
+
+async def stream_events(
+    request: ResponsesRequest,
+    chat_request: ChatCompletionRequest,
+    events: AsyncIterator[tuple[str, dict[str, Any]]],
+    model: str,
+) -> AsyncIterator[str]:
+    """The Responses event sequence: `response.created`, `response.in_progress`; per output
+    item `output_item.added`, its content (`output_text.delta`s, or the call's
+    `function_call_arguments.delta`), its `.done` events; then `response.completed` (or
+    `response.incomplete` at `max_output_tokens`) with `ooo_spec`. With tools in play the
+    text is held until the calls are parsed, as on the chat route."""
+    builder = ResponseBuilder(request, model)
+    sequence = 0
+
+    def event(kind: str, **fields: Any) -> str:
+        nonlocal sequence
+        body = {"type": kind, "sequence_number": sequence, **fields}
+        sequence += 1
+        return f"event: {kind}\ndata: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+    hold_text = chat_request.effective_tool_choice != "none"
+    message_id = f"msg_{uuid.uuid4().hex}"
+    text = ""
+    opened = False
+    index = 0
+
+    def open_message() -> list[str]:
+        return [
+            event("response.output_item.added", output_index=0,
+                  item=_message_item(message_id, "", "in_progress")),
+            event("response.content_part.added", item_id=message_id, output_index=0,
+                  content_index=0, part={"type": "output_text", "text": "",
+                                         "annotations": [], "logprobs": []}),
+        ]
+
+    def close_message() -> list[str]:
+        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+        return [
+            event("response.output_text.done", item_id=message_id, output_index=0,
+                  content_index=0, text=text, logprobs=[]),
+            event("response.content_part.done", item_id=message_id, output_index=0,
+                  content_index=0, part=part),
+            event("response.output_item.done", output_index=0,
+                  item=_message_item(message_id, text, "completed")),
+        ]
+
+    yield event("response.created", response=builder.body("in_progress", []))
+    yield event("response.in_progress", response=builder.body("in_progress", []))
+    try:
+        async for kind, item in events:
+            if kind == "delta":
+                if hold_text or not item["text"]:
+                    continue
+                if not opened:
+                    for line in open_message():
+                        yield line
+                    opened = True
+                text += item["text"]
+                yield event("response.output_text.delta", item_id=message_id, output_index=0,
+                            content_index=0, delta=item["text"], logprobs=[])
+                continue
+            message = item["choices"][0]["message"]
+            if hold_text and message.get("content"):
+                text = message["content"]
+                for line in open_message():
+                    yield line
+                opened = True
+                yield event("response.output_text.delta", item_id=message_id, output_index=0,
+                            content_index=0, delta=text, logprobs=[])
+            if opened:
+                for line in close_message():
+                    yield line
+                index = 1
+            for call in message.get("tool_calls") or []:
+                done = _call_item(call)
+                yield event("response.output_item.added", output_index=index,
+                            item={**done, "arguments": "", "status": "in_progress"})
+                yield event("response.function_call_arguments.delta", item_id=done["id"],
+                            output_index=index, delta=done["arguments"])
+                yield event("response.function_call_arguments.done", item_id=done["id"],
+                            output_index=index, arguments=done["arguments"],
+                            name=done["name"])
+                yield event("response.output_item.done", output_index=index, item=done)
+                index += 1
+            final = builder.final(item, message_id)
+            yield event(f"response.{final['status']}", response=final)
+    except ApiError as err:
+        body = err.body()["error"]
+        yield event("error", code=body["code"], message=body["message"], param=body["param"])
+    except Exception as exc:  # the stream has started: report in-band, then close
+        yield event("error", code="server_error", message=f"generation failed: {exc}",
+                    param=None)
