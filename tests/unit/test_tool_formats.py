@@ -77,6 +77,12 @@ def _special_tokenizer(name: str) -> Any:
     return tok
 
 
+def vllm_content(name: str, text: str) -> str | None:
+    tok = _special_tokenizer(name) if name in SPECIAL_TOKEN else tokenizer()
+    content: str | None = vllm_parser(name)(tok).extract_tool_calls(text, vllm_request()).content
+    return content
+
+
 def own_calls(name: str, text: str) -> list[tuple[str, Any]] | None:
     parsed = get_format(name).parse(text)
     return [(c.name, c.arguments) for c in parsed.calls] or None
@@ -146,6 +152,7 @@ def outputs(draw: st.DrawFn, name: str) -> str:
 def test_own_parser_agrees_with_vllm(name: str, data: st.DataObject) -> None:
     text = data.draw(outputs(name))
     assert own_calls(name, text) == vllm_calls(name, text), text
+    assert get_format(name).parse(text).content == vllm_content(name, text), text
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -217,6 +224,9 @@ def test_mistral_content_before_the_marker() -> None:
     parsed = get_format("mistral").parse('Checking.[TOOL_CALLS][{"name": "f", "arguments": {}}]')
     assert parsed.content == "Checking."
     assert [c.name for c in parsed.calls] == ["f"]
+    blank = ' \n[TOOL_CALLS] [{"name": "f", "arguments": {}}]'
+    assert get_format("mistral").parse(blank).content is None
+    assert vllm_content("mistral", blank) is None
 
 
 # ----- streaming: what may be sent before a call --------------------------------------------
