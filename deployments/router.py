@@ -16,6 +16,7 @@ itself for calls already running on a replica.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
@@ -34,17 +35,22 @@ from app.api.agent_loop import SidecarStart, ToolPolicy
 from app.api.auth import ApiKeys, ConcurrencyLimiter
 from app.api.chat_service import ChatService, parse_request, stream_sse
 from app.api.errors import ApiError, describe_validation_errors, error_body
-from app.api.limits import with_deadline
+from app.api.limits import off_loop, read_limited, with_deadline
 from app.config import load_config
 from app.spec.prediction import Prediction
 from app.tools.registry import DEFAULT_TIMEOUT_S, ToolResult, ToolSpec
 from deployments.metrics import ServeMetrics
 
+logger = logging.getLogger(__name__)
+
 # Beyond a tool's own timeout (which the worker enforces), how long the router waits for the
 # worker's answer before it counts the worker as stuck or gone.
 TOOL_CALL_GRACE_S = 5.0
 
-api = FastAPI(title="ooo-spec", description="OpenAI-compatible tool calling with OoO-Spec")
+# No /docs, /redoc or /openapi.json: they would be open routes beside the keyed /v1 ones, and
+# the API is OpenAI's (its own reference documents it).
+api = FastAPI(title="ooo-spec", description="OpenAI-compatible tool calling with OoO-Spec",
+              docs_url=None, redoc_url=None, openapi_url=None)
 
 
 @api.exception_handler(ApiError)
@@ -213,8 +219,9 @@ class Router:
             return {"object": "list", "data": []}
         try:
             listing = await self.pool.listing()
-        except Exception as exc:
-            raise ApiError(503, f"the tool workers are unavailable: {type(exc).__name__}",
+        except Exception:
+            logger.exception("listing the tools failed")
+            raise ApiError(503, "the tool workers are unavailable",
                            code="tools_unavailable") from None
         return {"object": "list", "data": listing}
 
@@ -223,9 +230,14 @@ class Router:
         # Key and concurrency slot first: nothing else (not even the body) for a refused caller.
         release: Callable[[], None] | None = self.limiter.acquire(self._authorize(raw))
         try:
-            body = await raw.body()
-            request = parse_request(body, self.config.router.max_body_bytes,
-                                    self.config.limits, self.config.main.engine.max_model_len)
+            max_bytes = self.config.router.max_body_bytes
+            body = await read_limited(raw.stream(), raw.headers.get("content-length"),
+                                      max_bytes)
+            limits = self.config.limits
+            request = await off_loop(
+                lambda: parse_request(body, max_bytes, limits,
+                                      self.config.main.engine.max_model_len),
+                limits.schema_check_timeout_s, "checking the request's schemas")
             if request.model and request.model != self.chat.model_name:
                 raise ApiError(404, f"model '{request.model}' does not exist; this server "
                                f"serves '{self.chat.model_name}'", param="model",
@@ -298,9 +310,10 @@ class Router:
             finished = True
         except ApiError:
             raise
-        except Exception as exc:
-            raise ApiError(503, f"the main model is unavailable ({type(exc).__name__}); "
-                           "retry shortly", code="main_unavailable") from None
+        except Exception:
+            logger.exception("main model call failed")
+            raise ApiError(503, "the main model is unavailable; retry shortly",
+                           code="main_unavailable") from None
         finally:
             if stream is not None and not finished:
                 stream.cancel()  # a dropped client or the deadline: stop decoding

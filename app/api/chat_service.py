@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
@@ -35,7 +36,7 @@ from app.api.agent_loop import (
     sum_main,
 )
 from app.api.errors import ApiError, describe_validation_errors
-from app.api.limits import check_body_depth, check_request
+from app.api.limits import body_too_large, check_body_depth, check_request
 from app.api.openai_models import (
     CandidateReport,
     ChatCompletionRequest,
@@ -52,6 +53,8 @@ from app.spec.reconcile import classify_outcome
 from app.spec.validation import check_schema
 from app.telemetry import HitRateWindow, MetricsSink, NullMetrics
 
+logger = logging.getLogger(__name__)
+
 StartSidecar = Callable[[dict[str, Any]], Awaitable[SidecarStart | None]]
 MainEvents = Callable[[dict[str, Any], Any], AsyncIterator[dict[str, Any]]]
 
@@ -65,7 +68,7 @@ def parse_request(
     """The validated request, or an `ApiError`; `limits` (app.api.limits) and the main model's
     `context` length bound what it may ask for."""
     if len(body) > max_bytes:
-        raise ApiError(413, f"request body is {len(body)} bytes; the limit is {max_bytes}")
+        raise body_too_large(len(body), max_bytes)
     try:
         data = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -511,8 +514,9 @@ async def observe_prediction(prediction: Awaitable[Any], clock: Clock) -> dict[s
         raw = await prediction
         parsed = Prediction.model_validate(raw)
     except Exception as exc:  # noqa: BLE001 - reported, never raised: it is a measurement
+        logger.warning("sidecar prediction failed: %s: %s", type(exc).__name__, exc)
         return PredictionReport(ready_ms=(clock() - started) * 1000,
-                                error=f"{type(exc).__name__}: {exc}").model_dump()
+                                error="the sidecar's prediction failed").model_dump()
     first = parsed.candidates[0] if parsed.candidates else []
     return PredictionReport(
         ready_ms=(clock() - started) * 1000,
@@ -579,7 +583,9 @@ async def stream_sse(
             yield sse(last)
     except ApiError as err:
         yield sse(err.body())
-    except Exception as exc:  # the stream has started: report in-band, then close cleanly
-        yield sse({"error": {"message": f"generation failed: {exc}", "type": "server_error",
+    except Exception:  # the stream has started: report in-band, then close cleanly
+        # The details go to the log (and the request's span), never to the client.
+        logger.exception("chat completion stream failed")
+        yield sse({"error": {"message": "generation failed", "type": "server_error",
                              "param": None, "code": None}})
     yield sse("[DONE]")

@@ -11,6 +11,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+SEED_MIN = -(2**63)
+SEED_MAX = 2**63 - 1
+
 
 class _Wire(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -106,7 +109,10 @@ class ChatCompletionRequest(_Wire):
     top_p: float | None = Field(None, gt=0, le=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    seed: int | None = None
+    # vLLM seeds a torch.Generator per request inside the engine step; torch accepts
+    # [-2**63, 2**64 - 1] and vLLM's own OpenAI server int64: outside it, a 400 here rather
+    # than an exception in the step loop that fails every request in flight.
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
