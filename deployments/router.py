@@ -228,7 +228,8 @@ class Router:
     @api.post("/v1/chat/completions", response_model=None)
     async def chat_completions(self, raw: Request) -> JSONResponse | StreamingResponse:
         # Key and concurrency slot first: nothing else (not even the body) for a refused caller.
-        release: Callable[[], None] | None = self.limiter.acquire(self._authorize(raw))
+        caller = self._authorize(raw)
+        release: Callable[[], None] | None = self.limiter.acquire(caller)
         try:
             max_bytes = self.config.router.max_body_bytes
             body = await read_limited(raw.stream(), raw.headers.get("content-length"),
@@ -245,7 +246,8 @@ class Router:
             self.chat.check_options(request)
             events = with_deadline(
                 self.chat.events(request, self._start_sidecar, self._main_events,
-                                 trace_parent=telemetry.extract(raw.headers)),
+                                 trace_parent=telemetry.extract(raw.headers),
+                                 tenant=caller.tenant),
                 self.config.router.request_timeout_s,
             )
             if request.stream:

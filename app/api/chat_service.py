@@ -46,6 +46,7 @@ from app.api.openai_models import (
     TimingsReport,
 )
 from app.config import LimitsConfig, TelemetryConfig
+from app.engine.history import ANONYMOUS_TENANT, TENANT_KEY
 from app.engine.tool_format import new_call_id
 from app.spec.canonical import Invocation
 from app.spec.prediction import Prediction
@@ -178,8 +179,10 @@ class ChatService:
         start_sidecar: StartSidecar,
         main_events: MainEvents,
         trace_parent: Context | None = None,
+        tenant: str = ANONYMOUS_TENANT,
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """('delta', {'text'}) per main-model step, then ('final', completion dict).
+        `tenant`: the caller's (app.api.auth), carried to the main replica and the sidecar.
 
         The request is one trace: `router.request` (a child of `trace_parent`, the client's
         `traceparent`, if any) with an `agent.turn` span per turn. Its metrics are recorded
@@ -189,7 +192,7 @@ class ChatService:
         completed = False
         try:
             async for kind, event in self._events(request, start_sidecar, main_events, state,
-                                                  root):
+                                                  root, tenant):
                 if kind == "final":
                     completed = True
                     self._observe(root, event, state)
@@ -215,6 +218,7 @@ class ChatService:
         main_events: MainEvents,
         state: LoopState,
         root: Span,
+        tenant: str,
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         started = self.clock()
         turn_request = request
@@ -227,7 +231,7 @@ class ChatService:
             )
             try:
                 async for kind, event in self._turn(turn_request, start_sidecar, main_events,
-                                                    turn_span):
+                                                    turn_span, tenant):
                     if kind == "delta":
                         yield kind, event
                     else:
@@ -269,6 +273,7 @@ class ChatService:
         start_sidecar: StartSidecar,
         main_events: MainEvents,
         span: Span,
+        tenant: str = ANONYMOUS_TENANT,
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """Fan out one turn: the sidecar first, the main call right after without waiting for
         the sidecar's answer; the prediction feeds pre-execution in the background.
@@ -276,6 +281,7 @@ class ChatService:
         `span` (the turn's) is the parent of the sidecar's and main model's spans, through the
         carrier in the payload, and of pre-executions, through the watcher task's context."""
         payload = request.model_dump(exclude_none=True)
+        payload[TENANT_KEY] = tenant
         carrier = telemetry.inject(telemetry.context_of(span))
         if carrier:
             payload[telemetry.CARRIER_KEY] = carrier

@@ -20,7 +20,7 @@ from app import telemetry
 from app.api.errors import ApiError
 from app.api.openai_models import CandidateReport, ChatCompletionRequest
 from app.config import AppConfig
-from app.engine.history import InvocationHistory, request_text
+from app.engine.history import ANONYMOUS_TENANT, InvocationHistory, request_text
 from app.engine.tool_format import (
     ParsedCall,
     ParsedOutput,
@@ -45,6 +45,8 @@ class PreparedRequest:
     mode: str  # 'none' | 'auto' | 'required' | 'named'
     tools: list[dict[str, Any]]
     speculate: bool
+    # Whose request (the router's authenticated key): history and the prefix cache are its own.
+    tenant: str = ANONYMOUS_TENANT
 
 
 @dataclass
@@ -78,7 +80,9 @@ class MainModelService:
         return self.config.main.engine.served_model_name
 
     # ----- request preparation ----------------------------------------------------------
-    def prepare(self, request: ChatCompletionRequest) -> PreparedRequest:
+    def prepare(
+        self, request: ChatCompletionRequest, tenant: str = ANONYMOUS_TENANT
+    ) -> PreparedRequest:
         mode = request.effective_tool_choice
         tools = request.tool_dicts() if mode != "none" else []
         prompt = self.engine.chat_prompt_ids(
@@ -117,6 +121,7 @@ class MainModelService:
             # Without the candidate proposer nothing would read the drafts.
             speculate=request.ooo_spec.enabled and bool(tools)
             and self.engine.speculation is not None,
+            tenant=tenant,
         )
 
     # ----- candidates -------------------------------------------------------------------
@@ -189,13 +194,15 @@ class MainModelService:
         """Past calls for a similar request, validated against today's schemas and rendered."""
         assert self.history is not None
         names = {t["function"]["name"] for t in prepared.tools}
-        found = self.history.candidates(request_text(prepared.request.message_dicts()), names)
+        found = self.history.candidates(request_text(prepared.request.message_dicts()), names,
+                                        tenant=prepared.tenant)
         if not found:
             return [], []
         intake, rendered = self.intake(
             prepared, Prediction(source="history", candidates=found), started
         )
-        return intake.reports, rendered
+        # A past call that today's schema refuses drafts nothing: it is not reported either.
+        return [r for r in intake.reports if r.valid], rendered
 
     # ----- generation ---------------------------------------------------------------------
     async def run(
@@ -251,7 +258,7 @@ class MainModelService:
         try:
             async for delta in self.engine.stream(
                 prepared.prompt_token_ids, dict(prepared.sampling), prepared.speculate, on_start,
-                realign=prepared.request.ooo_spec.realign,
+                realign=prepared.request.ooo_spec.realign, cache_salt=prepared.tenant,
             ):
                 tally.add(delta)
                 if delta.text:
@@ -269,6 +276,7 @@ class MainModelService:
             self.history.record(
                 request_text(prepared.request.message_dicts()),
                 [PredictedCall(name=c.name, arguments=c.arguments) for c in parsed.calls],
+                tenant=prepared.tenant,
             )
         yield {
             "type": "final",
