@@ -255,7 +255,7 @@ class LimitsConfig(_Strict):
     max_sidecar_slots: int = Field(
         32, ge=1,
         description="Argument slots the sidecar generates at once for one call (one engine "
-        "request each); a tool with more properties is predicted whole instead.",
+        "request each); a tool with more properties gets no slot prediction.",
     )
     schema_check_timeout_s: float = Field(
         5.0, gt=0,

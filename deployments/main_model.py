@@ -60,6 +60,7 @@ class MainModel:
         request = ChatCompletionRequest.model_validate(payload)
         try:
             prepared = self.service.prepare(request, tenant)
+            await self.service.check_grammar(prepared)
         except ApiError as err:
             yield {"type": "error", "status": err.status, "message": err.message,
                    "param": err.param, "code": err.code}

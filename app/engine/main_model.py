@@ -20,6 +20,7 @@ from app import telemetry
 from app.api.errors import ApiError
 from app.api.openai_models import CandidateReport, ChatCompletionRequest
 from app.config import AppConfig
+from app.engine.grammar_check import GrammarCheck, GrammarTooSlow, tokenizer_info
 from app.engine.history import ANONYMOUS_TENANT, InvocationHistory, request_text
 from app.engine.tool_format import (
     ParsedCall,
@@ -67,6 +68,7 @@ class MainModelService:
         self.config = config
         self.engine = engine or VllmEngine(config.main.engine, config.speculation)
         history = config.speculation.history
+        self.grammar_check: GrammarCheck | None = None  # built by start()
         self.history: InvocationHistory | None = (
             InvocationHistory(history.max_entries, history.min_similarity, history.private_tools)
             if history.enabled else None
@@ -74,6 +76,28 @@ class MainModelService:
 
     def start(self) -> None:
         self.engine.start()
+        config = getattr(self.engine.engine, "model_config", None)
+        vocab = config.get_vocab_size() if config is not None else None
+        self.grammar_check = GrammarCheck(tokenizer_info(self.engine.tokenizer, vocab),
+                                          self.config.limits.grammar_compile_timeout_s)
+
+    async def check_grammar(self, prepared: PreparedRequest) -> None:
+        """A forced call's grammar must compile within `limits.grammar_compile_timeout_s`
+        (app/engine/grammar_check.py): a 400 `grammar_too_slow` otherwise."""
+        schema = prepared.sampling.get("structured_json")
+        if schema is None or self.grammar_check is None:
+            return
+        try:
+            await self.grammar_check.check(schema)
+        except GrammarTooSlow:
+            raise ApiError(
+                400,
+                f"the tool schemas' grammar did not compile within "
+                f"{self.grammar_check.timeout_s:g} s; simplify the schemas (fewer or shorter "
+                "bounded repeats, lengths, enums)",
+                param="tools",
+                code="grammar_too_slow",
+            ) from None
 
     @property
     def model_name(self) -> str:
