@@ -68,7 +68,8 @@ class GrammarCheck:
             await asyncio.wait_for(loop.run_in_executor(self._pool, self._compile, text),
                                    self.timeout_s)
         except TimeoutError:
-            raise GrammarTooSlow(f"the grammar did not compile within {self.timeout_s:g} s")
+            raise GrammarTooSlow(
+                f"the grammar did not compile within {self.timeout_s:g} s") from None
         self._fast[text] = None
         if len(self._fast) > _REMEMBERED:
             self._fast.popitem(last=False)
