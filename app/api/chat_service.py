@@ -184,11 +184,12 @@ class ChatService:
         """('delta', {'text'}) per main-model step, then ('final', completion dict).
         `tenant`: the caller's (app.api.auth), carried to the main replica and the sidecar.
 
-        The request is one trace: `router.request` (a child of `trace_parent`, the client's
-        `traceparent`, if any) with an `agent.turn` span per turn. Its metrics are recorded
-        when the final completion is ready, or as outcome `error` when it fails."""
+        The request is one trace of its own: `router.request` (linked to `trace_parent`, the
+        client's `traceparent`, if any; never its child) with an `agent.turn` span per turn.
+        Its metrics are recorded when the final completion is ready, or as outcome `error`
+        when it fails."""
         state = LoopState()
-        root = telemetry.start_span("router.request", trace_parent, kind=SpanKind.SERVER)
+        root = telemetry.start_root_span("router.request", trace_parent, kind=SpanKind.SERVER)
         completed = False
         try:
             async for kind, event in self._events(request, start_sidecar, main_events, state,
