@@ -9,14 +9,15 @@ below returns at once and nothing is allocated or sent.
 
 One request is one trace. The router's `router.request` is its root, always in a trace of its
 own that this process's sampler decides on (a client's W3C `traceparent` becomes a link, so a
-client can neither force sampling nor join the server's spans to its trace); `agent.turn` spans hold each main-model turn
-with `sidecar.predict`, `main.generate` (and its `candidate.validate`), `tool.execute`,
-`reconcile` and `agent.tools` below them. Context crosses Ray explicitly: the caller `inject`s a
-`traceparent` carrier into the handle call (the chat payload's `CARRIER_KEY`, or a keyword for
-the tool worker) and the replica `extract`s it. Ray Serve 2.60 has a tracing hook of its own,
-but it sits in `ray.serve._private`, installs the global tracer provider with its own sampler
-(a ratio, 1% by default, not `OTEL_TRACES_SAMPLER`) and roots every trace at the HTTP proxy with
-spans of its own; explicit carriers keep the trace shape and its configuration ours.
+client can neither force sampling nor join the server's spans to its trace); `agent.turn` spans
+hold each main-model turn with `sidecar.predict`, `main.generate` (and its
+`candidate.validate`), `tool.execute`, `reconcile` and `agent.tools` below them. Context crosses
+Ray explicitly: the caller `inject`s a `traceparent` carrier into the handle call (the chat
+payload's `CARRIER_KEY`, or a keyword for the tool worker) and the replica `extract`s it. Ray
+Serve 2.60 has a tracing hook of its own, but it sits in `ray.serve._private`, installs the
+global tracer provider with its own sampler (a ratio, 1% by default, not `OTEL_TRACES_SAMPLER`)
+and roots every trace at the HTTP proxy with spans of its own; explicit carriers keep the trace
+shape and its configuration ours.
 
 Async generators never hold a span *current* across a `yield` (the context would leak into the
 consumer, and a generator finalised by another task cannot detach it): they use `start_span`

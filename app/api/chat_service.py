@@ -116,7 +116,8 @@ class ChatService:
 
     The loop (`execute_tools: true`): each turn fans out to sidecar and main model anew (so
     every turn is speculated and pre-executed again). When every call the main model commits
-    names a server-known tool (registered on the server and offered in `tools`), the server runs
+    names a server-known tool (registered on the server, offered in `tools` and declared the
+    server's in `ooo_spec.server_tools`), the server runs
     them (reusing pre-executed results on canonical hits), appends the assistant message and
     the tool messages, and starts the next turn. `max_steps` bounds these tool rounds; after the
     last one, one more turn runs with `tool_choice: "none"` so the response always ends in a
@@ -294,7 +295,10 @@ class ChatService:
             and self.tools is not None
             and request.ooo_spec.pre_execute
         ):
-            schemas = {t.function.name: t.function.parameters for t in request.tools or []}
+            # Only the tools the request declared the server's: a client's own tool that shares
+            # a server tool's name is never run here.
+            schemas = {t.function.name: t.function.parameters for t in request.tools or []
+                       if t.function.name in request.server_tool_names}
             pre = PreExecution(self.tools, self.policy, schemas, request.named_tool, self.clock)
             with telemetry.within(span):
                 pre.watch(sidecar.prediction)
@@ -347,7 +351,7 @@ class ChatService:
             return False
         if state.rounds >= request.ooo_spec.max_steps:
             return False
-        offered = {t.function.name for t in request.tools or []}
+        offered = request.server_tool_names  # declared the server's (ooo_spec.server_tools)
         try:
             known = await self.tools.specs()
         except Exception as exc:

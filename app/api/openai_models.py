@@ -97,6 +97,11 @@ class OooSpecOptions(_Wire):
     # Past committed calls as candidates, and this request's call kept for later ones. Off for
     # benchmarks that send the same question in several modes (it would answer itself).
     history: bool = True
+    # Which offered tools are the server's own (entries copied from GET /v1/tools): only these
+    # may be pre-executed or, with `execute_tools`, run by the server; `true` = every offered
+    # tool the server registers. Default none: a client's own tool that happens to share a
+    # server tool's name is never run by the server.
+    server_tools: bool | list[str] = False
 
 
 class ChatCompletionRequest(_Wire):
@@ -149,7 +154,20 @@ class ChatCompletionRequest(_Wire):
             raise ValueError(
                 f"tool_choice names function '{choice.function.name}', which is not in 'tools'"
             )
+        declared = self.ooo_spec.server_tools
+        if isinstance(declared, list):
+            missing = sorted(set(declared) - set(names))
+            if missing:
+                raise ValueError(f"ooo_spec.server_tools names {missing}, not in 'tools'")
         return self
+
+    @property
+    def server_tool_names(self) -> frozenset[str]:
+        """Offered tools the request lets the server run (`ooo_spec.server_tools`)."""
+        declared = self.ooo_spec.server_tools
+        if declared is True:
+            return frozenset(t.function.name for t in self.tools or [])
+        return frozenset(declared or [])
 
     @property
     def effective_tool_choice(self) -> str:

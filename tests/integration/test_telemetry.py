@@ -54,7 +54,8 @@ def ask(client: Any, tool: dict[str, Any], traceparent: str | None = None) -> An
         temperature=0,
         max_tokens=48,
         extra_headers={"traceparent": traceparent} if traceparent else None,
-        extra_body={"ooo_spec": {"enabled": True, "execute_tools": True, "max_steps": 1}},
+        extra_body={"ooo_spec": {"enabled": True, "execute_tools": True, "max_steps": 1,
+                                 "server_tools": True}},
     )
 
 
