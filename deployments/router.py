@@ -212,8 +212,8 @@ class Router:
 
     @api.get("/v1/tools")
     async def list_tools(self, raw: Request) -> dict[str, Any]:
-        """Server-registered tools; clients copy entries into `tools` to let the server run
-        (and pre-execute) them."""
+        """Server-registered tools; clients copy entries into `tools` and name them in
+        `ooo_spec.server_tools` to let the server run (and pre-execute) them."""
         self._authorize(raw)
         if self.pool is None:
             return {"object": "list", "data": []}

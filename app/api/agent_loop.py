@@ -193,7 +193,10 @@ class PreExecution:
             return
         except Exception:  # noqa: BLE001 - a failed sidecar or pool only means no pre-execution
             return
-        for invocation in speculable_calls(parsed, self._schemas, offered, self._named_tool):
+        # Validation against the client's schemas runs off the router's event loop.
+        calls = await asyncio.to_thread(speculable_calls, parsed, self._schemas, offered,
+                                        self._named_tool)
+        for invocation in calls:
             if self._ledger.start(invocation):
                 key = self._ledger.key(invocation)
                 self._runs[key] = asyncio.ensure_future(self._run(key, invocation))

@@ -251,7 +251,9 @@ class MainModelService:
                     candidates, self.config.speculation.sidecar_timeout_s
                 )
                 with telemetry.span("candidate.validate", trace_parent) as span:
-                    intake, rendered = self.intake(prepared, prediction, started)
+                    # Schema validation off the replica's event loop (other requests' streams).
+                    intake, rendered = await asyncio.to_thread(
+                        self.intake, prepared, prediction, started)
                     telemetry.set_attributes(span, telemetry.validation_attributes(
                         intake.status, intake.reports, len(rendered),
                         self.config.telemetry.record_content))
@@ -273,7 +275,8 @@ class MainModelService:
 
         history_reports: list[CandidateReport] = []
         if prepared.speculate and self.uses_history(prepared):
-            history_reports, rendered = self.history_candidates(prepared, started)
+            history_reports, rendered = await asyncio.to_thread(
+                self.history_candidates, prepared, started)
             pending_render.extend(rendered)
         if prepared.speculate and self.config.speculation.schema_drafts:
             pending_render.extend(self.schema_candidates(prepared))
