@@ -37,7 +37,7 @@ FLIGHT = {"type": "function", "function": {
 
 def booking(question: str) -> dict[str, Any]:
     return {"messages": [{"role": "user", "content": question}], "tools": [FLIGHT],
-            "tool_choice": "required", "temperature": 0, "max_tokens": 96}
+            "tool_choice": "required", "temperature": 0, "max_tokens": 160}
 
 
 def bearer(key: str) -> dict[str, str]:
@@ -59,26 +59,28 @@ def test_one_keys_call_never_reaches_another_key(tenants_url: str) -> None:
     question = f"Book a flight for John Smith, passport {PASSPORT}, to Paris on 12 May"
     first = chat(tenants_url, booking(question), headers=bearer(KEY_A))
     assert first.status_code == 200, first.text
-    calls = first.json()["choices"][0]["message"]["tool_calls"]
-    assert calls and PASSPORT in calls[0]["function"]["arguments"], calls  # A's call has it
+    [call] = first.json()["choices"][0]["message"]["tool_calls"]
+    committed = json.loads(call["function"]["arguments"])
+    secret = committed["passport"]
+    assert "1234" in secret, committed  # A's call holds what only A's question says
     # B asks nearly the same (word overlap 0.69: over the history's similarity threshold).
     other = chat(tenants_url, booking("book a flight for to paris on may"),
                  headers=bearer(KEY_B))
     assert other.status_code == 200, other.text
-    assert PASSPORT not in other.text  # not in candidates, arguments, anywhere
+    assert secret not in other.text and PASSPORT not in other.text  # nowhere in B's answer
     report = other.json()["ooo_spec"]
     assert not [c for c in report["candidates"] if c["source"] == "history"], report
-    # B again, with history off: the same counts, so they say nothing about A's call.
+    # B again with history off: the same call, so B's answer owes nothing to A's call.
     plain_b = chat(tenants_url, {**booking("book a flight for to paris on may"),
                                  "ooo_spec": {"history": False}}, headers=bearer(KEY_B))
     assert plain_b.status_code == 200
     assert (plain_b.json()["choices"][0]["message"]["tool_calls"][0]["function"]
             == other.json()["choices"][0]["message"]["tool_calls"][0]["function"])
-    # A's own repeat still gets its history candidate, with its own arguments.
+    # A's own repeat still gets its history candidate: its own committed arguments.
     again = chat(tenants_url, booking(question), headers=bearer(KEY_A))
     assert again.status_code == 200
     history = [c for c in again.json()["ooo_spec"]["candidates"] if c["source"] == "history"]
-    assert history and history[0]["valid"] and history[0]["arguments"]["passport"] == PASSPORT
+    assert history and history[0]["valid"] and history[0]["arguments"] == committed, history
 
 
 def doubling_schema(levels: int = 30) -> dict[str, Any]:
