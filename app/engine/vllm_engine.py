@@ -34,6 +34,12 @@ logger = logging.getLogger(__name__)
 # first token says nothing about other tenants' prompts.
 CACHE_SALT: ContextVar[str | None] = ContextVar("ooo_spec_cache_salt", default=None)
 
+
+def use_cache_salt(salt: str | None) -> None:
+    """Set `CACHE_SALT` for the current context (a function, so Ray deployments can call it
+    without holding the unpicklable ContextVar themselves)."""
+    CACHE_SALT.set(salt)
+
 PROPOSER_CLASS = "app.engine.candidate_proposer.CandidateProposer"
 
 
