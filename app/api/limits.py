@@ -111,6 +111,9 @@ def check_stop(stop: str | list[str] | None, limits: LimitsConfig) -> None:
             code="too_many_stop_strings",
         )
     for text in strings:
+        if not text:  # vLLM's SamplingParams refuses it (in the engine call, a 5xx)
+            raise ApiError(400, "stop strings must not be empty", param="stop",
+                           code="empty_stop_string")
         if len(text) > limits.max_stop_chars:
             raise ApiError(
                 400,

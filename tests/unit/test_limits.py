@@ -216,6 +216,7 @@ def doubling(levels: int) -> dict[str, Any]:
     ({"seed": -(2**63) - 1}, "", "seed"),
     ({"stop": ["a", "b", "c"]}, "too_many_stop_strings", "stop"),
     ({"stop": "toolong"}, "stop_string_too_long", "stop"),
+    ({"stop": ["a", ""]}, "empty_stop_string", "stop"),
     ({"tools": [tool("d", doubling(12))]}, "tool_schema_too_complex", "tools"),
     ({"tools": [tool("p", {"type": "object", "properties": {
         "a": {"type": "string", "pattern": "^(a+)+$"}}})]}, "tool_schema_pattern", "tools"),
