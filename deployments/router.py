@@ -154,6 +154,22 @@ class ClosingStream(StreamingResponse):
             await self.on_close()
 
 
+def _owning_stream(
+    content: Any, streams: Sequence[AsyncGenerator[Any, None]], release: Callable[[], None]
+) -> ClosingStream:
+    """An SSE response that owns the caller's concurrency slot: once it ends, however it
+    ends, every stream in `streams` is closed (in order) and the slot released."""
+
+    async def close() -> None:
+        try:
+            for stream in streams:
+                await stream.aclose()
+        finally:
+            release()
+
+    return ClosingStream(content, close, media_type="text/event-stream")
+
+
 async def _prefetched(events: AsyncIterator[Any]) -> AsyncGenerator[Any, None]:
     """`events` with its first item already awaited, so an error that comes before any output
     (messages longer than the context, the main model down) gets its own HTTP status rather
@@ -314,19 +330,10 @@ class Router:
             if request.stream:
                 replays = await _all_prefetched(choices)
                 assert release is not None
-                held: Callable[[], None] = release
-                release = None  # the stream owns the slot from here on
-
-                async def close() -> None:
-                    try:
-                        for replay, events in zip(replays, choices, strict=True):
-                            await replay.aclose()
-                            await events.aclose()
-                    finally:
-                        held()
-
-                return ClosingStream(stream_sse(request, replays, self.chat.model_name),
-                                     close, media_type="text/event-stream")
+                held, release = release, None  # the stream owns the slot from here on
+                pairs = [s for pair in zip(replays, choices, strict=True) for s in pair]
+                return _owning_stream(stream_sse(request, replays, self.chat.model_name),
+                                      pairs, held)
             return JSONResponse(merge_completions(await _all_finals(choices)))
         finally:
             if release is not None:
@@ -353,16 +360,8 @@ class Router:
             if request.stream:
                 events = await _prefetched(self.text.stream(request, main_events, timeout))
                 assert release is not None
-                held: Callable[[], None] = release
-                release = None  # the stream owns the slot from here on
-
-                async def close() -> None:
-                    try:
-                        await events.aclose()
-                    finally:
-                        held()
-
-                return ClosingStream(events, close, media_type="text/event-stream")
+                held, release = release, None  # the stream owns the slot from here on
+                return _owning_stream(events, [events], held)
             async with asyncio.timeout(timeout):
                 return JSONResponse(await self.text.complete(request, main_events))
         except TimeoutError:
@@ -398,19 +397,9 @@ class Router:
             if request.stream:
                 replay = await _prefetched(events)
                 assert release is not None
-                held: Callable[[], None] = release
-                release = None  # the stream owns the slot from here on
-
-                async def close() -> None:
-                    try:
-                        await replay.aclose()
-                        await events.aclose()
-                    finally:
-                        held()
-
-                return ClosingStream(
-                    stream_events(request, chat, replay, self.chat.model_name), close,
-                    media_type="text/event-stream")
+                held, release = release, None  # the stream owns the slot from here on
+                return _owning_stream(stream_events(request, chat, replay, self.chat.model_name),
+                                      [replay, events], held)
             completion = await _final(events)
             return JSONResponse(
                 ResponseBuilder(request, self.chat.model_name).final(completion))

@@ -36,7 +36,12 @@ from app.api.agent_loop import (
     sum_main,
 )
 from app.api.errors import ApiError, describe_validation_errors
-from app.api.limits import body_too_large, check_body_depth, check_request, check_tool_schema
+from app.api.limits import (
+    check_body_depth,
+    check_request,
+    check_tool_schema,
+    json_object_body,
+)
 from app.api.openai_models import (
     CandidateReport,
     ChatCompletionRequest,
@@ -68,16 +73,7 @@ def parse_request(
 ) -> ChatCompletionRequest:
     """The validated request, or an `ApiError`; `limits` (app.api.limits) and the main model's
     `context` length bound what it may ask for."""
-    if len(body) > max_bytes:
-        raise body_too_large(len(body), max_bytes)
-    try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"request body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise ApiError(400, "request body is nested too deeply to parse") from None
-    if not isinstance(data, dict):
-        raise ApiError(400, "request body must be a JSON object")
+    data = json_object_body(body, max_bytes)
     if limits is not None:
         check_body_depth(data, limits)
     try:

@@ -187,6 +187,21 @@ def body_too_large(size: int, max_bytes: int) -> ApiError:
                     code="body_too_large")
 
 
+def json_object_body(body: bytes, max_bytes: int) -> dict[str, Any]:
+    """The request body as a JSON object, or the 413/400 every route gives for it."""
+    if len(body) > max_bytes:
+        raise body_too_large(len(body), max_bytes)
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ApiError(400, "request body is nested too deeply to parse") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "request body must be a JSON object")
+    return data
+
+
 async def read_limited(chunks: AsyncIterator[bytes], declared: str | None,
                        max_bytes: int) -> bytes:
     """The body from `chunks`, refused (413) from its declared `Content-Length` before any

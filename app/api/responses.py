@@ -22,6 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from app.api.errors import ApiError, describe_validation_errors
+from app.api.limits import json_object_body
 from app.api.openai_models import ChatCompletionRequest, OooSpecOptions
 
 
@@ -142,14 +143,7 @@ class ResponsesRequest(BaseModel):
 
 
 def parse_responses_request(body: bytes, max_bytes: int) -> ResponsesRequest:
-    if len(body) > max_bytes:
-        raise ApiError(413, f"request body is {len(body)} bytes; the limit is {max_bytes}")
-    try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-        raise ApiError(400, f"request body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ApiError(400, "request body must be a JSON object")
+    data = json_object_body(body, max_bytes)
     try:
         return ResponsesRequest.model_validate(data)
     except ValidationError as exc:
