@@ -9,6 +9,7 @@ prompt (prompt lookup), verified like every draft, so the text is plain decoding
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -34,6 +35,8 @@ from app.spec.validation import check_schema
 Prompt = str | list[int]
 # One choice's main-model events: the deployment's `generate` with a raw prompt.
 MainEvents = Callable[[dict[str, Any], Prompt], AsyncIterator[dict[str, Any]]]
+
+logger = logging.getLogger(__name__)
 
 
 class CompletionRequest(BaseModel):
@@ -253,10 +256,12 @@ class CompletionService:
             if not sent:
                 raise
             yield sse(err.body())
-        except Exception as exc:  # the stream has started: report in-band, then close
+        except Exception:  # the stream has started: report in-band, then close
             if not sent:
                 raise
-            yield sse({"error": {"message": f"generation failed: {exc}",
+            # The details go to the log only: an exception's text can carry internals.
+            logger.exception("completion stream failed")
+            yield sse({"error": {"message": "generation failed",
                                  "type": "server_error", "param": None, "code": None}})
         yield sse("[DONE]")
 

@@ -14,6 +14,7 @@ stored: `previous_response_id` and `conversation` are 400s, and the response say
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -24,6 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from app.api.errors import ApiError, describe_validation_errors
 from app.api.limits import json_object_body
 from app.api.openai_models import ChatCompletionRequest, OooSpecOptions
+
+logger = logging.getLogger(__name__)
 
 
 class _Item(BaseModel):
@@ -391,6 +394,7 @@ async def stream_events(
     except ApiError as err:
         body = err.body()["error"]
         yield event("error", code=body["code"], message=body["message"], param=body["param"])
-    except Exception as exc:  # the stream has started: report in-band, then close
-        yield event("error", code="server_error", message=f"generation failed: {exc}",
-                    param=None)
+    except Exception:  # the stream has started: report in-band, then close
+        # The details go to the log only: an exception's text can carry internals.
+        logger.exception("responses stream failed")
+        yield event("error", code="server_error", message="generation failed", param=None)

@@ -50,26 +50,37 @@ class GrammarCheck:
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="grammar-check")
         self._fast: OrderedDict[str, None] = OrderedDict()
 
-    def _compile(self, text: str) -> None:
+    def _compile(self, kind: str, text: str) -> None:
         try:
-            self._compiler.compile_json_schema(text, any_whitespace=True)
-        except Exception:  # noqa: BLE001 - the engine reports an uncompilable schema itself
-            logger.debug("grammar check: the schema does not compile", exc_info=True)
+            if kind == "json":
+                self._compiler.compile_json_schema(text, any_whitespace=True)
+            else:
+                self._compiler.compile_grammar(text)
+        except Exception:  # noqa: BLE001 - the engine reports an uncompilable grammar itself
+            logger.debug("grammar check: the grammar does not compile", exc_info=True)
 
     async def check(self, schema: dict[str, Any]) -> None:
         """Return once `schema`'s grammar compiled within the limit; raise `GrammarTooSlow`
         otherwise."""
-        text = json.dumps(schema, sort_keys=True, separators=(",", ":"))
-        if text in self._fast:
-            self._fast.move_to_end(text)
+        await self._check("json", json.dumps(schema, sort_keys=True, separators=(",", ":")))
+
+    async def check_ebnf(self, grammar: str) -> None:
+        """The same for a grammar given as EBNF (the bounded-whitespace JSON grammar of
+        app/engine/json_grammar.py, which forced calls use by default)."""
+        await self._check("ebnf", grammar)
+
+    async def _check(self, kind: str, text: str) -> None:
+        key = f"{kind}:{text}"
+        if key in self._fast:
+            self._fast.move_to_end(key)
             return
         loop = asyncio.get_running_loop()
         try:
-            await asyncio.wait_for(loop.run_in_executor(self._pool, self._compile, text),
+            await asyncio.wait_for(loop.run_in_executor(self._pool, self._compile, kind, text),
                                    self.timeout_s)
         except TimeoutError:
             raise GrammarTooSlow(
                 f"the grammar did not compile within {self.timeout_s:g} s") from None
-        self._fast[text] = None
+        self._fast[key] = None
         if len(self._fast) > _REMEMBERED:
             self._fast.popitem(last=False)

@@ -106,11 +106,15 @@ class MainModelService:
     async def check_grammar(self, prepared: PreparedRequest) -> None:
         """A forced call's grammar must compile within `limits.grammar_compile_timeout_s`
         (app/engine/grammar_check.py): a 400 `grammar_too_slow` otherwise."""
-        schema = prepared.sampling.get("structured_json")
-        if schema is None or self.grammar_check is None:
+        if self.grammar_check is None:
             return
+        schema = prepared.sampling.get("structured_json")
+        grammar = prepared.sampling.get("structured_grammar")
         try:
-            await self.grammar_check.check(schema)
+            if schema is not None:
+                await self.grammar_check.check(schema)
+            elif grammar is not None:
+                await self.grammar_check.check_ebnf(grammar)
         except GrammarTooSlow:
             raise ApiError(
                 400,

@@ -55,3 +55,15 @@ async def test_a_slow_grammar_is_refused_at_the_limit_without_blocking_the_loop(
 async def test_a_schema_that_does_not_compile_is_left_to_the_engine() -> None:
     await checker(30).check({"type": "string", "format": "no-such-format", "minLength": 9,
                              "maxLength": 1})
+
+
+async def test_the_served_bounded_whitespace_grammar_is_checked_too() -> None:
+    """Forced calls are served the EBNF of app.engine.json_grammar by default: its compile is
+    timed as well, and a slow one refused."""
+    from app.engine.json_grammar import bounded_whitespace_grammar
+
+    check = checker(30)
+    await check.check_ebnf(bounded_whitespace_grammar(SIMPLE, 32))
+    assert len(check._fast) == 1
+    with pytest.raises(GrammarTooSlow):
+        await checker(0.05).check_ebnf(bounded_whitespace_grammar(SLOW, 32))
