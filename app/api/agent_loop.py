@@ -107,9 +107,11 @@ async def run_tool(
     except Exception as exc:  # noqa: BLE001 - the pool is down or the call was lost
         logger.warning("tool %r could not run: %s: %s", invocation.name,
                        type(exc).__name__, exc)
+        # What happened, never the exception's own text (it can carry internals).
+        what = "did not answer in time" if isinstance(exc, TimeoutError) else "could not run"
         result = ToolResult(
             name=invocation.name,
-            content=f"tool {invocation.name!r} could not run",
+            content=f"tool {invocation.name!r} {what}",
             is_error=True,
             latency_ms=(clock() - run.dispatched) * 1000,
         )

@@ -400,3 +400,23 @@ def test_server_tools_must_name_offered_tools() -> None:
         request(server_tools=["nope"])
     assert request(server_tools=True).server_tool_names == {"lookup", "note", "get_weather"}
     assert request(server_tools=False).server_tool_names == set()
+
+
+@pytest.mark.parametrize("error, said", [
+    (TimeoutError("the tool worker did not answer within 7 s"), "did not answer in time"),
+    (RuntimeError("secret internal detail"), "could not run"),
+])
+async def test_a_lost_tool_call_says_what_happened_without_internals(
+    error: Exception, said: str
+) -> None:
+    from app.api.agent_loop import run_tool
+
+    class Failing:
+        async def execute(self, name: str, arguments: dict[str, Any],
+                          speculative: bool) -> ToolResult:
+            raise error
+
+    run = await run_tool(Failing(), Invocation(name="lookup", arguments={}), False,  # type: ignore[arg-type]
+                         lambda: 0.0)
+    assert run.result is not None and run.result.is_error
+    assert run.result.content == f"tool 'lookup' {said}"
