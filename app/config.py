@@ -255,6 +255,42 @@ class LimitsConfig(_Strict):
         description="Largest `n` (choices per chat completion); each choice is decoded as "
         "its own request, in parallel.",
     )
+    max_total_schema_bytes: int = Field(
+        262_144, ge=256,
+        description="All tool schemas of one request together, as compact JSON.",
+    )
+    max_schema_expansion: int = Field(
+        10_000, ge=16,
+        description="Subschemas one tool schema may expand to, following every `$ref` (a "
+        "reference already being expanded, recursion, counts once) and every "
+        "`allOf`/`anyOf`/`oneOf` branch: a small schema whose `allOf` lists the next `$ref` "
+        "twice per level doubles the work per level.",
+    )
+    max_pattern_chars: int = Field(
+        512, ge=8, description="Length of one `pattern` / `patternProperties` regex."
+    )
+    max_argument_chars: int = Field(
+        32_768, ge=64,
+        description="Length of one tool call's `arguments` string in the request's messages.",
+    )
+    max_stop_strings: int = Field(4, ge=0, description="Entries of `stop` (OpenAI's own cap).")
+    max_stop_chars: int = Field(128, ge=1, description="Length of one `stop` string.")
+    max_sidecar_slots: int = Field(
+        32, ge=1,
+        description="Argument slots the sidecar generates at once for one call (one engine "
+        "request each); a tool with more properties gets no slot prediction.",
+    )
+    schema_check_timeout_s: float = Field(
+        5.0, gt=0,
+        description="Time for a request's schema work (metaschema checks, expansion count, "
+        "pattern checks) in a worker thread, off the router's event loop; past it a 400.",
+    )
+    grammar_compile_timeout_s: float = Field(
+        5.0, gt=0,
+        description="Time the main replica gives the grammar of a forced call to compile "
+        "(xgrammar, in a worker thread) before the request goes to the engine; past it a "
+        "400 `grammar_too_slow`, so no slow grammar waits in the engine's compile queue.",
+    )
 
 
 class ApiKeyConfig(_Strict):

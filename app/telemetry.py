@@ -7,15 +7,17 @@ environment: `OTEL_EXPORTER_OTLP_ENDPOINT` (or `..._TRACES_ENDPOINT`), `OTEL_EXP
 with `OTEL_SDK_DISABLED=true` / `OTEL_TRACES_EXPORTER=none`) tracing stays off: every helper
 below returns at once and nothing is allocated or sent.
 
-One request is one trace. The router's `router.request` is its root (a child of the client's
-span when the request carries a W3C `traceparent`); `agent.turn` spans hold each main-model turn
-with `sidecar.predict`, `main.generate` (and its `candidate.validate`), `tool.execute`,
-`reconcile` and `agent.tools` below them. Context crosses Ray explicitly: the caller `inject`s a
-`traceparent` carrier into the handle call (the chat payload's `CARRIER_KEY`, or a keyword for
-the tool worker) and the replica `extract`s it. Ray Serve 2.60 has a tracing hook of its own,
-but it sits in `ray.serve._private`, installs the global tracer provider with its own sampler
-(a ratio, 1% by default, not `OTEL_TRACES_SAMPLER`) and roots every trace at the HTTP proxy with
-spans of its own; explicit carriers keep the trace shape and its configuration ours.
+One request is one trace. The router's `router.request` is its root, always in a trace of its
+own that this process's sampler decides on (a client's W3C `traceparent` becomes a link, so a
+client can neither force sampling nor join the server's spans to its trace); `agent.turn` spans
+hold each main-model turn with `sidecar.predict`, `main.generate` (and its
+`candidate.validate`), `tool.execute`, `reconcile` and `agent.tools` below them. Context crosses
+Ray explicitly: the caller `inject`s a `traceparent` carrier into the handle call (the chat
+payload's `CARRIER_KEY`, or a keyword for the tool worker) and the replica `extract`s it. Ray
+Serve 2.60 has a tracing hook of its own, but it sits in `ray.serve._private`, installs the
+global tracer provider with its own sampler (a ratio, 1% by default, not `OTEL_TRACES_SAMPLER`)
+and roots every trace at the HTTP proxy with spans of its own; explicit carriers keep the trace
+shape and its configuration ours.
 
 Async generators never hold a span *current* across a `yield` (the context would leak into the
 consumer, and a generator finalised by another task cannot detach it): they use `start_span`
@@ -202,6 +204,25 @@ def start_span(
     if _tracer is None:
         return trace.INVALID_SPAN
     return _tracer.start_span(name, context=parent, kind=kind, attributes=_clean(attributes))
+
+
+def start_root_span(
+    name: str,
+    linked: Context | None = None,
+    kind: SpanKind = SpanKind.SERVER,
+) -> Span:
+    """The first span of a new trace, whatever the current context: this process's root
+    sampler decides whether it is recorded. `linked` (a client's `traceparent`) becomes a link,
+    never the parent, so a client can neither turn sampling on for its requests (its sampled
+    flag) nor graft the server's spans into a trace of its choosing."""
+    if _tracer is None:
+        return trace.INVALID_SPAN
+    links = []
+    if linked is not None:
+        client = trace.get_current_span(linked).get_span_context()
+        if client.is_valid:
+            links.append(trace.Link(client))
+    return _tracer.start_span(name, context=Context(), kind=kind, links=links)
 
 
 @contextmanager

@@ -17,6 +17,7 @@ from app.api.errors import ApiError
 from app.api.openai_models import ChatCompletionRequest
 from app.config import load_config
 from app.engine.baselines import baseline_service
+from app.engine.history import ANONYMOUS_TENANT, TENANT_KEY
 from app.engine.main_model import MainModelService
 from app.engine.vllm_engine import RequestRejected
 from app.spec.prediction import Prediction
@@ -58,9 +59,11 @@ class MainModel:
         self, payload: dict[str, Any], candidate_refs: list[Any], span: telemetry.Span,
         raw_prompt: str | list[int] | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
+        tenant = str(payload.pop(TENANT_KEY, ANONYMOUS_TENANT))
         request = ChatCompletionRequest.model_validate(payload)
         try:
-            prepared = self.service.prepare(request, raw_prompt)
+            prepared = self.service.prepare(request, raw_prompt, tenant=tenant)
+            await self.service.check_grammar(prepared)
         except ApiError as err:
             yield {"type": "error", "status": err.status, "message": err.message,
                    "param": err.param, "code": err.code}

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
@@ -42,7 +43,7 @@ from app.api.chat_service import (
 )
 from app.api.completions import CompletionService, parse_completion_request
 from app.api.errors import ApiError, describe_validation_errors, error_body
-from app.api.limits import deadline_error, with_deadline
+from app.api.limits import deadline_error, off_loop, read_limited, with_deadline
 from app.api.responses import (
     ResponseBuilder,
     parse_responses_request,
@@ -50,15 +51,21 @@ from app.api.responses import (
     to_chat_request,
 )
 from app.config import load_config
+from app.engine.history import TENANT_KEY
 from app.spec.prediction import Prediction
 from app.tools.registry import DEFAULT_TIMEOUT_S, ToolResult, ToolSpec
 from deployments.metrics import ServeMetrics
+
+logger = logging.getLogger(__name__)
 
 # Beyond a tool's own timeout (which the worker enforces), how long the router waits for the
 # worker's answer before it counts the worker as stuck or gone.
 TOOL_CALL_GRACE_S = 5.0
 
-api = FastAPI(title="ooo-spec", description="OpenAI-compatible tool calling with OoO-Spec")
+# No /docs, /redoc or /openapi.json: they would be open routes beside the keyed /v1 ones, and
+# the API is OpenAI's (its own reference documents it).
+api = FastAPI(title="ooo-spec", description="OpenAI-compatible tool calling with OoO-Spec",
+              docs_url=None, redoc_url=None, openapi_url=None)
 
 
 @api.exception_handler(ApiError)
@@ -145,6 +152,22 @@ class ClosingStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             await self.on_close()
+
+
+def _owning_stream(
+    content: Any, streams: Sequence[AsyncGenerator[Any, None]], release: Callable[[], None]
+) -> ClosingStream:
+    """An SSE response that owns the caller's concurrency slot: once it ends, however it
+    ends, every stream in `streams` is closed (in order) and the slot released."""
+
+    async def close() -> None:
+        try:
+            for stream in streams:
+                await stream.aclose()
+        finally:
+            release()
+
+    return ClosingStream(content, close, media_type="text/event-stream")
 
 
 async def _prefetched(events: AsyncIterator[Any]) -> AsyncGenerator[Any, None]:
@@ -262,26 +285,33 @@ class Router:
 
     @api.get("/v1/tools")
     async def list_tools(self, raw: Request) -> dict[str, Any]:
-        """Server-registered tools; clients copy entries into `tools` to let the server run
-        (and pre-execute) them."""
+        """Server-registered tools; clients copy entries into `tools` and name them in
+        `ooo_spec.server_tools` to let the server run (and pre-execute) them."""
         self._authorize(raw)
         if self.pool is None:
             return {"object": "list", "data": []}
         try:
             listing = await self.pool.listing()
-        except Exception as exc:
-            raise ApiError(503, f"the tool workers are unavailable: {type(exc).__name__}",
+        except Exception:
+            logger.exception("listing the tools failed")
+            raise ApiError(503, "the tool workers are unavailable",
                            code="tools_unavailable") from None
         return {"object": "list", "data": listing}
 
     @api.post("/v1/chat/completions", response_model=None)
     async def chat_completions(self, raw: Request) -> JSONResponse | StreamingResponse:
         # Key and concurrency slot first: nothing else (not even the body) for a refused caller.
-        release: Callable[[], None] | None = self.limiter.acquire(self._authorize(raw))
+        caller = self._authorize(raw)
+        release: Callable[[], None] | None = self.limiter.acquire(caller)
         try:
-            body = await raw.body()
-            request = parse_request(body, self.config.router.max_body_bytes,
-                                    self.config.limits, self.config.main.engine.max_model_len)
+            max_bytes = self.config.router.max_body_bytes
+            body = await read_limited(raw.stream(), raw.headers.get("content-length"),
+                                      max_bytes)
+            limits = self.config.limits
+            request = await off_loop(
+                lambda: parse_request(body, max_bytes, limits,
+                                      self.config.main.engine.max_model_len),
+                limits.schema_check_timeout_s, "checking the request's schemas")
             if request.model and request.model != self.chat.model_name:
                 raise ApiError(404, f"model '{request.model}' does not exist; this server "
                                f"serves '{self.chat.model_name}'", param="model",
@@ -292,7 +322,7 @@ class Router:
             choices = [
                 with_deadline(
                     self.chat.events(one, self._start_sidecar, self._main_events,
-                                     trace_parent=trace_parent),
+                                     trace_parent=trace_parent, tenant=caller.tenant),
                     self.config.router.request_timeout_s,
                 )
                 for one in choice_requests(request)
@@ -300,19 +330,10 @@ class Router:
             if request.stream:
                 replays = await _all_prefetched(choices)
                 assert release is not None
-                held: Callable[[], None] = release
-                release = None  # the stream owns the slot from here on
-
-                async def close() -> None:
-                    try:
-                        for replay, events in zip(replays, choices, strict=True):
-                            await replay.aclose()
-                            await events.aclose()
-                    finally:
-                        held()
-
-                return ClosingStream(stream_sse(request, replays, self.chat.model_name),
-                                     close, media_type="text/event-stream")
+                held, release = release, None  # the stream owns the slot from here on
+                pairs = [s for pair in zip(replays, choices, strict=True) for s in pair]
+                return _owning_stream(stream_sse(request, replays, self.chat.model_name),
+                                      pairs, held)
             return JSONResponse(merge_completions(await _all_finals(choices)))
         finally:
             if release is not None:
@@ -320,30 +341,27 @@ class Router:
 
     @api.post("/v1/completions", response_model=None)
     async def completions(self, raw: Request) -> JSONResponse | StreamingResponse:
-        release: Callable[[], None] | None = self.limiter.acquire(self._authorize(raw))
+        caller = self._authorize(raw)
+        release: Callable[[], None] | None = self.limiter.acquire(caller)
         try:
+            max_bytes = self.config.router.max_body_bytes
+            body = await read_limited(raw.stream(), raw.headers.get("content-length"),
+                                      max_bytes)
             request = parse_completion_request(
-                await raw.body(), self.config.router.max_body_bytes, self.config.limits,
-                self.config.main.engine.max_model_len)
+                body, max_bytes, self.config.limits, self.config.main.engine.max_model_len)
             self._check_model(request.model)
 
             def main_events(payload: dict[str, Any], prompt: Any) -> AsyncIterator[Any]:
-                return self._main_events(payload, None, prompt)
+                # The caller's tenant: its own prefix cache, as on the chat route.
+                tenant = {TENANT_KEY: caller.tenant}
+                return self._main_events({**payload, **tenant}, None, prompt)
 
             timeout = self.config.router.request_timeout_s
             if request.stream:
                 events = await _prefetched(self.text.stream(request, main_events, timeout))
                 assert release is not None
-                held: Callable[[], None] = release
-                release = None  # the stream owns the slot from here on
-
-                async def close() -> None:
-                    try:
-                        await events.aclose()
-                    finally:
-                        held()
-
-                return ClosingStream(events, close, media_type="text/event-stream")
+                held, release = release, None  # the stream owns the slot from here on
+                return _owning_stream(events, [events], held)
             async with asyncio.timeout(timeout):
                 return JSONResponse(await self.text.complete(request, main_events))
         except TimeoutError:
@@ -354,37 +372,34 @@ class Router:
 
     @api.post("/v1/responses", response_model=None)
     async def responses(self, raw: Request) -> JSONResponse | StreamingResponse:
-        release: Callable[[], None] | None = self.limiter.acquire(self._authorize(raw))
+        caller = self._authorize(raw)
+        release: Callable[[], None] | None = self.limiter.acquire(caller)
         try:
             max_bytes = self.config.router.max_body_bytes
-            request = parse_responses_request(await raw.body(), max_bytes)
+            body = await read_limited(raw.stream(), raw.headers.get("content-length"),
+                                      max_bytes)
+            request = parse_responses_request(body, max_bytes)
             self._check_model(request.model)
             # The chat route's checks (limits, schemas) on the request it becomes.
             converted = to_chat_request(request).model_dump(exclude_none=True)
-            chat = parse_request(json.dumps(converted).encode(), 2 * max_bytes,
-                                 self.config.limits, self.config.main.engine.max_model_len)
+            limits = self.config.limits
+            chat = await off_loop(
+                lambda: parse_request(json.dumps(converted).encode(), 2 * max_bytes, limits,
+                                      self.config.main.engine.max_model_len),
+                limits.schema_check_timeout_s, "checking the request's schemas")
             self.chat.check_options(chat)
             events = with_deadline(
                 self.chat.events(chat, self._start_sidecar, self._main_events,
-                                 trace_parent=telemetry.extract(raw.headers)),
+                                 trace_parent=telemetry.extract(raw.headers),
+                                 tenant=caller.tenant),
                 self.config.router.request_timeout_s,
             )
             if request.stream:
                 replay = await _prefetched(events)
                 assert release is not None
-                held: Callable[[], None] = release
-                release = None  # the stream owns the slot from here on
-
-                async def close() -> None:
-                    try:
-                        await replay.aclose()
-                        await events.aclose()
-                    finally:
-                        held()
-
-                return ClosingStream(
-                    stream_events(request, chat, replay, self.chat.model_name), close,
-                    media_type="text/event-stream")
+                held, release = release, None  # the stream owns the slot from here on
+                return _owning_stream(stream_events(request, chat, replay, self.chat.model_name),
+                                      [replay, events], held)
             completion = await _final(events)
             return JSONResponse(
                 ResponseBuilder(request, self.chat.model_name).final(completion))
@@ -435,9 +450,10 @@ class Router:
             finished = True
         except ApiError:
             raise
-        except Exception as exc:
-            raise ApiError(503, f"the main model is unavailable ({type(exc).__name__}); "
-                           "retry shortly", code="main_unavailable") from None
+        except Exception:
+            logger.exception("main model call failed")
+            raise ApiError(503, "the main model is unavailable; retry shortly",
+                           code="main_unavailable") from None
         finally:
             if stream is not None and not finished:
                 stream.cancel()  # a dropped client or the deadline: stop decoding

@@ -14,7 +14,9 @@ from ray import serve
 from app import telemetry
 from app.api.openai_models import ChatCompletionRequest
 from app.config import load_config
+from app.engine.history import ANONYMOUS_TENANT, TENANT_KEY
 from app.engine.sidecar import SidecarService
+from app.engine.vllm_engine import use_cache_salt
 from app.faults import SIDECAR_FAULTS, FaultPlan, garbage_prediction, wrong_prediction
 from app.spec.prediction import Prediction
 from deployments.fault_handles import FaultHandles
@@ -57,6 +59,9 @@ class Sidecar(FaultHandles):
         return result
 
     async def _predict(self, payload: dict[str, Any]) -> dict[str, Any]:
+        # This call's own context (Serve runs each call as a task): every engine request the
+        # prediction makes shares the tenant's prefix cache and no other's.
+        use_cache_salt(str(payload.pop(TENANT_KEY, ANONYMOUS_TENANT)))
         request = ChatCompletionRequest.model_validate(payload)
         fault = self.faults.hit()
         if fault is not None:

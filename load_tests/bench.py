@@ -261,7 +261,7 @@ def build_request(case: Case, mode: Mode, settings: RequestSettings) -> dict[str
         kwargs["tool_choice"] = case.tool_choice
         kwargs["max_tokens"] = min(settings.max_tokens, case.max_tokens)
         options = kwargs["extra_body"].setdefault("ooo_spec", {})
-        options.update(execute_tools=True, max_steps=case.max_steps)
+        options.update(execute_tools=True, max_steps=case.max_steps, server_tools=True)
     else:
         # Every mode asks the same question: a call remembered from another mode's run would
         # answer it (history candidates are for agents that repeat themselves).

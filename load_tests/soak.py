@@ -99,7 +99,8 @@ def good_probes(rng: random.Random) -> list[Probe]:
             "tools": [CALCULATOR],
             "tool_choice": {"type": "function", "function": {"name": "calculator"}},
             "temperature": 0, "max_tokens": 48,
-            "ooo_spec": {"enabled": True, "execute_tools": True, "max_steps": 1}})),
+            "ooo_spec": {"enabled": True, "execute_tools": True, "max_steps": 1,
+                         "server_tools": True}})),
         Probe("abandoned_stream", True, 200, stream=True, abandon=True, body=_json({
             "messages": [{"role": "user", "content": "Tell me a long story."}],
             "tools": [TOOL], "tool_choice": "auto", "max_tokens": 200, "stream": True})),

@@ -29,6 +29,7 @@ class ReceivedSpan:
     attributes: dict[str, Any]
     resource: dict[str, Any]
     status_code: int  # 0 unset, 1 ok, 2 error
+    links: tuple[tuple[str, str], ...] = ()  # (trace id, span id) of each linked span
 
 
 def _value(value: AnyValue) -> Any:
@@ -62,6 +63,8 @@ def decode(body: bytes) -> list[ReceivedSpan]:
                     attributes=_attributes(span.attributes),
                     resource=resource,
                     status_code=span.status.code,
+                    links=tuple((link.trace_id.hex(), link.span_id.hex())
+                                for link in span.links),
                 ))
     return out
 

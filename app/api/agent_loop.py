@@ -18,6 +18,7 @@ Definitions (they are what `ooo_spec.tool_results` reports):
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ from app.tools.policy import PreExecutionLedger
 from app.tools.registry import ToolResult, ToolSpec
 
 Clock = Callable[[], float]
+
+logger = logging.getLogger(__name__)
 
 
 class ToolAccess(Protocol):
@@ -102,9 +105,13 @@ async def run_tool(
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # noqa: BLE001 - the pool is down or the call was lost
+        logger.warning("tool %r could not run: %s: %s", invocation.name,
+                       type(exc).__name__, exc)
+        # What happened, never the exception's own text (it can carry internals).
+        what = "did not answer in time" if isinstance(exc, TimeoutError) else "could not run"
         result = ToolResult(
             name=invocation.name,
-            content=f"tool {invocation.name!r} could not run: {type(exc).__name__}: {exc}",
+            content=f"tool {invocation.name!r} {what}",
             is_error=True,
             latency_ms=(clock() - run.dispatched) * 1000,
         )
@@ -188,7 +195,10 @@ class PreExecution:
             return
         except Exception:  # noqa: BLE001 - a failed sidecar or pool only means no pre-execution
             return
-        for invocation in speculable_calls(parsed, self._schemas, offered, self._named_tool):
+        # Validation against the client's schemas runs off the router's event loop.
+        calls = await asyncio.to_thread(speculable_calls, parsed, self._schemas, offered,
+                                        self._named_tool)
+        for invocation in calls:
             if self._ledger.start(invocation):
                 key = self._ledger.key(invocation)
                 self._runs[key] = asyncio.ensure_future(self._run(key, invocation))

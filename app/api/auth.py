@@ -20,16 +20,20 @@ from dataclasses import dataclass
 
 from app.api.errors import ApiError
 from app.config import AuthConfig
+from app.engine.history import ANONYMOUS_TENANT
 
 ANONYMOUS = "anonymous"
 
 
 @dataclass(frozen=True)
 class Caller:
-    """Who sent a request: the key's label and its concurrency limit (None: unlimited)."""
+    """Who sent a request: the key's label, its concurrency limit (None: unlimited) and its
+    tenant: the id that keeps its history and prefix cache apart from other keys' (derived
+    from the key's digest, so it is stable, unique per key and reveals nothing of the key)."""
 
     key_id: str
     max_concurrent: int | None
+    tenant: str = ANONYMOUS_TENANT
 
 
 @dataclass(frozen=True)
@@ -58,7 +62,8 @@ class ApiKeys:
                 continue
             seen.add(digest)
             key_id = label or f"key-{digest.hex()[:8]}"
-            self._keys.append(_Key(digest, Caller(key_id, limit or default_limit)))
+            tenant = f"tenant-{hashlib.sha256(b'ooo-spec tenant ' + digest).hexdigest()[:16]}"
+            self._keys.append(_Key(digest, Caller(key_id, limit or default_limit, tenant)))
 
     @classmethod
     def from_config(cls, config: AuthConfig, environ: Mapping[str, str]) -> ApiKeys:

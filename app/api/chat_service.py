@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
@@ -35,7 +36,12 @@ from app.api.agent_loop import (
     sum_main,
 )
 from app.api.errors import ApiError, describe_validation_errors
-from app.api.limits import check_body_depth, check_request, check_tool_schema
+from app.api.limits import (
+    check_body_depth,
+    check_request,
+    check_tool_schema,
+    json_object_body,
+)
 from app.api.openai_models import (
     CandidateReport,
     ChatCompletionRequest,
@@ -45,12 +51,15 @@ from app.api.openai_models import (
     TimingsReport,
 )
 from app.config import LimitsConfig, TelemetryConfig
+from app.engine.history import ANONYMOUS_TENANT, TENANT_KEY
 from app.engine.tool_format import new_call_id
 from app.spec.canonical import Invocation
 from app.spec.prediction import Prediction
 from app.spec.reconcile import classify_outcome
 from app.spec.validation import check_schema
 from app.telemetry import HitRateWindow, MetricsSink, NullMetrics
+
+logger = logging.getLogger(__name__)
 
 StartSidecar = Callable[[dict[str, Any]], Awaitable[SidecarStart | None]]
 MainEvents = Callable[[dict[str, Any], Any], AsyncIterator[dict[str, Any]]]
@@ -64,16 +73,7 @@ def parse_request(
 ) -> ChatCompletionRequest:
     """The validated request, or an `ApiError`; `limits` (app.api.limits) and the main model's
     `context` length bound what it may ask for."""
-    if len(body) > max_bytes:
-        raise ApiError(413, f"request body is {len(body)} bytes; the limit is {max_bytes}")
-    try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"request body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise ApiError(400, "request body is nested too deeply to parse") from None
-    if not isinstance(data, dict):
-        raise ApiError(400, "request body must be a JSON object")
+    data = json_object_body(body, max_bytes)
     if limits is not None:
         check_body_depth(data, limits)
     try:
@@ -124,7 +124,8 @@ class ChatService:
 
     The loop (`execute_tools: true`): each turn fans out to sidecar and main model anew (so
     every turn is speculated and pre-executed again). When every call the main model commits
-    names a server-known tool (registered on the server and offered in `tools`), the server runs
+    names a server-known tool (registered on the server, offered in `tools` and declared the
+    server's in `ooo_spec.server_tools`), the server runs
     them (reusing pre-executed results on canonical hits), appends the assistant message and
     the tool messages, and starts the next turn. `max_steps` bounds these tool rounds; after the
     last one, one more turn runs with `tool_choice: "none"` so the response always ends in a
@@ -188,18 +189,21 @@ class ChatService:
         start_sidecar: StartSidecar,
         main_events: MainEvents,
         trace_parent: Context | None = None,
+        tenant: str = ANONYMOUS_TENANT,
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """('delta', {'text'}) per main-model step, then ('final', completion dict).
+        `tenant`: the caller's (app.api.auth), carried to the main replica and the sidecar.
 
-        The request is one trace: `router.request` (a child of `trace_parent`, the client's
-        `traceparent`, if any) with an `agent.turn` span per turn. Its metrics are recorded
-        when the final completion is ready, or as outcome `error` when it fails."""
+        The request is one trace of its own: `router.request` (linked to `trace_parent`, the
+        client's `traceparent`, if any; never its child) with an `agent.turn` span per turn.
+        Its metrics are recorded when the final completion is ready, or as outcome `error`
+        when it fails."""
         state = LoopState()
-        root = telemetry.start_span("router.request", trace_parent, kind=SpanKind.SERVER)
+        root = telemetry.start_root_span("router.request", trace_parent, kind=SpanKind.SERVER)
         completed = False
         try:
             async for kind, event in self._events(request, start_sidecar, main_events, state,
-                                                  root):
+                                                  root, tenant):
                 if kind == "final":
                     completed = True
                     self._observe(root, event, state)
@@ -225,6 +229,7 @@ class ChatService:
         main_events: MainEvents,
         state: LoopState,
         root: Span,
+        tenant: str,
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         started = self.clock()
         turn_request = request
@@ -237,7 +242,7 @@ class ChatService:
             )
             try:
                 async for kind, event in self._turn(turn_request, start_sidecar, main_events,
-                                                    turn_span):
+                                                    turn_span, tenant):
                     if kind == "delta":
                         yield kind, event
                     else:
@@ -279,6 +284,7 @@ class ChatService:
         start_sidecar: StartSidecar,
         main_events: MainEvents,
         span: Span,
+        tenant: str = ANONYMOUS_TENANT,
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """Fan out one turn: the sidecar first, the main call right after without waiting for
         the sidecar's answer; the prediction feeds pre-execution in the background.
@@ -286,6 +292,7 @@ class ChatService:
         `span` (the turn's) is the parent of the sidecar's and main model's spans, through the
         carrier in the payload, and of pre-executions, through the watcher task's context."""
         payload = request.model_dump(exclude_none=True)
+        payload[TENANT_KEY] = tenant
         carrier = telemetry.inject(telemetry.context_of(span))
         if carrier:
             payload[telemetry.CARRIER_KEY] = carrier
@@ -297,7 +304,10 @@ class ChatService:
             and self.tools is not None
             and request.ooo_spec.pre_execute
         ):
-            schemas = {t.function.name: t.function.parameters for t in request.tools or []}
+            # Only the tools the request declared the server's: a client's own tool that shares
+            # a server tool's name is never run here.
+            schemas = {t.function.name: t.function.parameters for t in request.tools or []
+                       if t.function.name in request.server_tool_names}
             pre = PreExecution(self.tools, self.policy, schemas, request.named_tool, self.clock)
             with telemetry.within(span):
                 pre.watch(sidecar.prediction)
@@ -350,7 +360,7 @@ class ChatService:
             return False
         if state.rounds >= request.ooo_spec.max_steps:
             return False
-        offered = {t.function.name for t in request.tools or []}
+        offered = request.server_tool_names  # declared the server's (ooo_spec.server_tools)
         try:
             known = await self.tools.specs()
         except Exception as exc:
@@ -527,8 +537,9 @@ async def observe_prediction(prediction: Awaitable[Any], clock: Clock) -> dict[s
         raw = await prediction
         parsed = Prediction.model_validate(raw)
     except Exception as exc:  # noqa: BLE001 - reported, never raised: it is a measurement
+        logger.warning("sidecar prediction failed: %s: %s", type(exc).__name__, exc)
         return PredictionReport(ready_ms=(clock() - started) * 1000,
-                                error=f"{type(exc).__name__}: {exc}").model_dump()
+                                error="the sidecar's prediction failed").model_dump()
     first = parsed.candidates[0] if parsed.candidates else []
     return PredictionReport(
         ready_ms=(clock() - started) * 1000,
@@ -673,8 +684,10 @@ async def stream_sse(
         yield sse(last)
     except ApiError as err:
         yield sse(err.body())
-    except Exception as exc:  # the stream has started: report in-band, then close cleanly
-        yield sse({"error": {"message": f"generation failed: {exc}", "type": "server_error",
+    except Exception:  # the stream has started: report in-band, then close cleanly
+        # The details go to the log (and the request's span), never to the client.
+        logger.exception("chat completion stream failed")
+        yield sse({"error": {"message": "generation failed", "type": "server_error",
                              "param": None, "code": None}})
     yield sse("[DONE]")
 

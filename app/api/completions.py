@@ -9,7 +9,7 @@ prompt (prompt lookup), verified like every draft, so the text is plain decoding
 from __future__ import annotations
 
 import asyncio
-import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from app.api.chat_service import sse
 from app.api.errors import ApiError, describe_validation_errors
-from app.api.limits import check_body_depth, check_tool_schema, with_deadline
+from app.api.limits import check_body_depth, check_tool_schema, json_object_body, with_deadline
 from app.api.openai_models import (
     ChatCompletionRequest,
     MainReport,
@@ -35,6 +35,8 @@ from app.spec.validation import check_schema
 Prompt = str | list[int]
 # One choice's main-model events: the deployment's `generate` with a raw prompt.
 MainEvents = Callable[[dict[str, Any], Prompt], AsyncIterator[dict[str, Any]]]
+
+logger = logging.getLogger(__name__)
 
 
 class CompletionRequest(BaseModel):
@@ -104,14 +106,7 @@ def parse_completion_request(
     body: bytes, max_bytes: int, limits: LimitsConfig, context: int
 ) -> CompletionRequest:
     """The validated request, or an `ApiError` (the chat route's checks, for a prompt)."""
-    if len(body) > max_bytes:
-        raise ApiError(413, f"request body is {len(body)} bytes; the limit is {max_bytes}")
-    try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-        raise ApiError(400, f"request body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ApiError(400, "request body must be a JSON object")
+    data = json_object_body(body, max_bytes)
     check_body_depth(data, limits)
     try:
         request = CompletionRequest.model_validate(data)
@@ -261,10 +256,12 @@ class CompletionService:
             if not sent:
                 raise
             yield sse(err.body())
-        except Exception as exc:  # the stream has started: report in-band, then close
+        except Exception:  # the stream has started: report in-band, then close
             if not sent:
                 raise
-            yield sse({"error": {"message": f"generation failed: {exc}",
+            # The details go to the log only: an exception's text can carry internals.
+            logger.exception("completion stream failed")
+            yield sse({"error": {"message": "generation failed",
                                  "type": "server_error", "param": None, "code": None}})
         yield sse("[DONE]")
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, TypeVar
 
 from app.api.errors import ApiError
 from app.api.openai_models import ChatCompletionRequest
 from app.config import LimitsConfig
+from app.spec.schema_limits import expansion_size, pattern_problem, schema_patterns
 
 T = TypeVar("T")
 
@@ -73,8 +74,19 @@ def check_request(request: ChatCompletionRequest, limits: LimitsConfig, context:
             param="tools",
             code="too_many_tools",
         )
+    total = 0
     for tool in tools:
-        check_tool_schema(tool.function.name, tool.function.parameters, limits)
+        total += check_tool_schema(tool.function.name, tool.function.parameters, limits)
+    if total > limits.max_total_schema_bytes:
+        raise ApiError(
+            400,
+            f"the request's tool schemas take {total} bytes together; the limit is "
+            f"{limits.max_total_schema_bytes}",
+            param="tools",
+            code="tool_schemas_too_large",
+        )
+    check_stop(request.stop, limits)
+    check_arguments(request, limits)
     ceiling = min(limits.max_tokens, context)
     for field in ("max_tokens", "max_completion_tokens"):
         wanted: int | None = getattr(request, field)
@@ -88,7 +100,47 @@ def check_request(request: ChatCompletionRequest, limits: LimitsConfig, context:
             )
 
 
-def check_tool_schema(name: str, schema: dict[str, Any], limits: LimitsConfig) -> None:
+def check_stop(stop: str | list[str] | None, limits: LimitsConfig) -> None:
+    """Each stop string is matched against the output after every step: bound both."""
+    strings = [stop] if isinstance(stop, str) else list(stop or [])
+    if len(strings) > limits.max_stop_strings:
+        raise ApiError(
+            400,
+            f"stop has {len(strings)} strings; the limit is {limits.max_stop_strings}",
+            param="stop",
+            code="too_many_stop_strings",
+        )
+    for text in strings:
+        if not text:  # vLLM's SamplingParams refuses it (in the engine call, a 5xx)
+            raise ApiError(400, "stop strings must not be empty", param="stop",
+                           code="empty_stop_string")
+        if len(text) > limits.max_stop_chars:
+            raise ApiError(
+                400,
+                f"a stop string is {len(text)} characters long; the limit is "
+                f"{limits.max_stop_chars}",
+                param="stop",
+                code="stop_string_too_long",
+            )
+
+
+def check_arguments(request: ChatCompletionRequest, limits: LimitsConfig) -> None:
+    """Tool call arguments in the conversation are parsed and validated: bound their length."""
+    for index, message in enumerate(request.messages):
+        for call in message.tool_calls or []:
+            if len(call.function.arguments) > limits.max_argument_chars:
+                raise ApiError(
+                    400,
+                    f"messages[{index}] has a tool call whose arguments are "
+                    f"{len(call.function.arguments)} characters long; the limit is "
+                    f"{limits.max_argument_chars}",
+                    param="messages",
+                    code="arguments_too_long",
+                )
+
+
+def check_tool_schema(name: str, schema: dict[str, Any], limits: LimitsConfig) -> int:
+    """Size, depth, expansion and patterns of one tool's schema; returns its size in bytes."""
     size = len(json.dumps(schema, separators=(",", ":"), ensure_ascii=False).encode())
     if size > limits.max_schema_bytes:
         raise ApiError(
@@ -107,6 +159,80 @@ def check_tool_schema(name: str, schema: dict[str, Any], limits: LimitsConfig) -
             param="tools",
             code="tool_schema_too_deep",
         )
+    expanded = expansion_size(schema, limits.max_schema_expansion)
+    if expanded > limits.max_schema_expansion:
+        raise ApiError(
+            400,
+            f"tool '{name}' has a parameters schema that expands to more than "
+            f"{limits.max_schema_expansion} subschemas (counting every $ref and every "
+            "allOf/anyOf/oneOf branch it leads to)",
+            param="tools",
+            code="tool_schema_too_complex",
+        )
+    for pattern in schema_patterns(schema):
+        problem = pattern_problem(pattern, limits.max_pattern_chars)
+        if problem is not None:
+            shown = pattern if len(pattern) <= 64 else pattern[:61] + "..."
+            raise ApiError(
+                400,
+                f"tool '{name}' has a pattern {shown!r} that {problem}",
+                param="tools",
+                code="tool_schema_pattern",
+            )
+    return size
+
+
+def body_too_large(size: int, max_bytes: int) -> ApiError:
+    return ApiError(413, f"request body is {size} bytes; the limit is {max_bytes}",
+                    code="body_too_large")
+
+
+def json_object_body(body: bytes, max_bytes: int) -> dict[str, Any]:
+    """The request body as a JSON object, or the 413/400 every route gives for it."""
+    if len(body) > max_bytes:
+        raise body_too_large(len(body), max_bytes)
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ApiError(400, "request body is nested too deeply to parse") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "request body must be a JSON object")
+    return data
+
+
+async def read_limited(chunks: AsyncIterator[bytes], declared: str | None,
+                       max_bytes: int) -> bytes:
+    """The body from `chunks`, refused (413) from its declared `Content-Length` before any
+    read, and while reading once it passes `max_bytes` (a chunked body declares nothing), so
+    an oversized body is never held whole."""
+    if declared is not None:
+        try:
+            length = int(declared)
+        except ValueError:
+            raise ApiError(400, "Content-Length is not a number") from None
+        if length > max_bytes:
+            raise body_too_large(length, max_bytes)
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > max_bytes:
+            raise ApiError(413, f"request body is over the limit of {max_bytes} bytes",
+                           code="body_too_large")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+async def off_loop(work: Callable[[], T], seconds: float, what: str) -> T:
+    """`work()` in a worker thread, so a slow schema never blocks the event loop; a 400 after
+    `seconds` (the thread finishes on its own: the request's caps bound how long)."""
+    try:
+        return await asyncio.wait_for(asyncio.to_thread(work), seconds)
+    except TimeoutError:
+        raise ApiError(400, f"{what} took longer than {seconds:g} s; simplify the request",
+                       code="request_too_complex") from None
 
 
 def deadline_error(seconds: float) -> ApiError:

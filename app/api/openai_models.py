@@ -13,6 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.api.output_format import ResponseFormat
 
+SEED_MIN = -(2**63)
+SEED_MAX = 2**63 - 1
+
 
 class _Wire(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -100,6 +103,11 @@ class OooSpecOptions(_Wire):
     # Past committed calls as candidates, and this request's call kept for later ones. Off for
     # benchmarks that send the same question in several modes (it would answer itself).
     history: bool = True
+    # Which offered tools are the server's own (entries copied from GET /v1/tools): only these
+    # may be pre-executed or, with `execute_tools`, run by the server; `true` = every offered
+    # tool the server registers. Default none: a client's own tool that happens to share a
+    # server tool's name is never run by the server.
+    server_tools: bool | list[str] = False
 
 
 class ChatCompletionRequest(_Wire):
@@ -115,7 +123,10 @@ class ChatCompletionRequest(_Wire):
     top_p: float | None = Field(None, gt=0, le=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    seed: int | None = None
+    # vLLM seeds a torch.Generator per request inside the engine step; torch accepts
+    # [-2**63, 2**64 - 1] and vLLM's own OpenAI server int64: outside it, a 400 here rather
+    # than an exception in the step loop that fails every request in flight.
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -146,6 +157,11 @@ class ChatCompletionRequest(_Wire):
             raise ValueError(
                 f"tool_choice names function '{choice.function.name}', which is not in 'tools'"
             )
+        declared = self.ooo_spec.server_tools
+        if isinstance(declared, list):
+            missing = sorted(set(declared) - set(names))
+            if missing:
+                raise ValueError(f"ooo_spec.server_tools names {missing}, not in 'tools'")
         return self
 
     @model_validator(mode="after")
@@ -162,6 +178,14 @@ class ChatCompletionRequest(_Wire):
     def output_schema(self) -> dict[str, Any] | None:
         """The JSON schema `response_format` constrains the output to, if any."""
         return self.response_format.output_schema() if self.response_format else None
+
+    @property
+    def server_tool_names(self) -> frozenset[str]:
+        """Offered tools the request lets the server run (`ooo_spec.server_tools`)."""
+        declared = self.ooo_spec.server_tools
+        if declared is True:
+            return frozenset(t.function.name for t in self.tools or [])
+        return frozenset(declared or [])
 
     @property
     def effective_tool_choice(self) -> str:

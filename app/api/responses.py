@@ -14,6 +14,7 @@ stored: `previous_response_id` and `conversation` are 400s, and the response say
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -22,7 +23,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from app.api.errors import ApiError, describe_validation_errors
+from app.api.limits import json_object_body
 from app.api.openai_models import ChatCompletionRequest, OooSpecOptions
+
+logger = logging.getLogger(__name__)
 
 
 class _Item(BaseModel):
@@ -142,14 +146,7 @@ class ResponsesRequest(BaseModel):
 
 
 def parse_responses_request(body: bytes, max_bytes: int) -> ResponsesRequest:
-    if len(body) > max_bytes:
-        raise ApiError(413, f"request body is {len(body)} bytes; the limit is {max_bytes}")
-    try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-        raise ApiError(400, f"request body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ApiError(400, "request body must be a JSON object")
+    data = json_object_body(body, max_bytes)
     try:
         return ResponsesRequest.model_validate(data)
     except ValidationError as exc:
@@ -397,6 +394,7 @@ async def stream_events(
     except ApiError as err:
         body = err.body()["error"]
         yield event("error", code=body["code"], message=body["message"], param=body["param"])
-    except Exception as exc:  # the stream has started: report in-band, then close
-        yield event("error", code="server_error", message=f"generation failed: {exc}",
-                    param=None)
+    except Exception:  # the stream has started: report in-band, then close
+        # The details go to the log only: an exception's text can carry internals.
+        logger.exception("responses stream failed")
+        yield event("error", code="server_error", message="generation failed", param=None)

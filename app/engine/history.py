@@ -7,8 +7,11 @@ similarity of the word sets) gets those calls as candidates before the sidecar h
 The sidecar's candidate, when it arrives, goes in front of them (`CandidateStore`), and every
 draft is verified by the main model, so a stale entry costs a rejected draft, never an answer.
 
-Arguments can be personal data: calls of tools listed as private are never recorded, and the
-history lives in the replica's memory only.
+Arguments can be personal data: calls of tools listed as private are never recorded, the
+history lives in the replica's memory only, and every entry belongs to one tenant (the API key
+the router authenticated, `ANONYMOUS_TENANT` when keys are off): a request is only ever offered
+its own tenant's past calls, so no caller's arguments reach another caller's drafts, response
+or accepted-token counts.
 """
 
 from __future__ import annotations
@@ -23,6 +26,11 @@ from typing import Any
 from app.spec.prediction import PredictedCall
 
 _WORD = re.compile(r"\w+")
+
+ANONYMOUS_TENANT = "anonymous"
+# The key of the router's payload to the main replica and the sidecar that carries the tenant
+# (set by the router after validation; a client's body cannot hold it: unknown keys are a 400).
+TENANT_KEY = "_tenant"
 
 
 def words(text: str) -> frozenset[str]:
@@ -49,6 +57,7 @@ def request_text(messages: Sequence[dict[str, Any]]) -> str:
 
 @dataclass(frozen=True)
 class _Entry:
+    tenant: str
     words: frozenset[str]
     calls: tuple[PredictedCall, ...]
 
@@ -62,27 +71,34 @@ class InvocationHistory:
         self._entries: deque[_Entry] = deque(maxlen=max_entries)
         self._lock = threading.Lock()
 
-    def record(self, text: str, calls: Sequence[PredictedCall]) -> bool:
-        """Remember a committed call list; False when it is not kept (private tool, empty)."""
+    def record(
+        self, text: str, calls: Sequence[PredictedCall], tenant: str = ANONYMOUS_TENANT
+    ) -> bool:
+        """Remember `tenant`'s committed call list; False when it is not kept (private tool,
+        empty)."""
         if not calls or any(c.name in self.private_tools for c in calls):
             return False
-        entry = _Entry(words(text), tuple(c.model_copy(deep=True) for c in calls))
+        entry = _Entry(tenant, words(text), tuple(c.model_copy(deep=True) for c in calls))
         with self._lock:
             self._entries.append(entry)
         return True
 
     def candidates(
-        self, text: str, callable_tools: Collection[str], limit: int = 2
+        self,
+        text: str,
+        callable_tools: Collection[str],
+        limit: int = 2,
+        tenant: str = ANONYMOUS_TENANT,
     ) -> list[list[PredictedCall]]:
-        """Up to `limit` distinct past call lists for a request this similar, best first
-        (newest first among equals), using only tools the request may call."""
+        """Up to `limit` distinct past call lists of `tenant` for a request this similar, best
+        first (newest first among equals), using only tools the request may call."""
         query = words(text)
         allowed = set(callable_tools) - self.private_tools
         with self._lock:
             entries = list(self._entries)
         scored: list[tuple[float, int, _Entry]] = []
         for age, entry in enumerate(reversed(entries)):
-            if not all(c.name in allowed for c in entry.calls):
+            if entry.tenant != tenant or not all(c.name in allowed for c in entry.calls):
                 continue
             score = similarity(query, entry.words)
             if score >= self.min_similarity:

@@ -46,7 +46,15 @@ def bounded_whitespace_grammar(schema: dict[str, Any], max_indent: int) -> str:
 @lru_cache(maxsize=256)
 def _grammar(schema_json: str, max_indent: int) -> str:
     import xgrammar as xgr  # vLLM's structured-output backend; heavy, so imported late
+    from vllm.v1.structured_output.backend_xgrammar import (
+        has_xgrammar_unsupported_json_features,
+    )
 
+    # vLLM refuses these for its own JSON grammar (xgrammar would silently ignore them, e.g.
+    # an unknown string `format`): the bounded grammar refuses the same schemas.
+    if has_xgrammar_unsupported_json_features(json.loads(schema_json)):
+        raise GrammarError("the schema uses JSON Schema features the grammar backend "
+                           "(xgrammar) does not support")
     try:
         ebnf = str(xgr.Grammar.from_json_schema(schema_json, any_whitespace=True))
     except Exception as exc:  # xgrammar raises RuntimeError/ValueError for bad schemas

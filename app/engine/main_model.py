@@ -22,7 +22,8 @@ from app.api.errors import ApiError
 from app.api.openai_models import CandidateReport, ChatCompletionRequest
 from app.config import AppConfig
 from app.engine import chat_prompt
-from app.engine.history import InvocationHistory, request_text
+from app.engine.grammar_check import GrammarCheck, GrammarTooSlow, tokenizer_info
+from app.engine.history import ANONYMOUS_TENANT, InvocationHistory, request_text
 from app.engine.json_grammar import GrammarError, bounded_whitespace_grammar
 from app.engine.logprobs import TokenLogprobs, chat_logprobs, completion_logprobs
 from app.engine.reasoning import Reasoning
@@ -72,6 +73,8 @@ class PreparedRequest:
     raw_prompt: bool = False
     # Thinking models (`main.engine.reasoning_parser`); None: the output has no reasoning.
     reasoning: Reasoning | None = None
+    # Whose request (the router's authenticated key): history and the prefix cache are its own.
+    tenant: str = ANONYMOUS_TENANT
 
 
 @dataclass
@@ -92,6 +95,7 @@ class MainModelService:
         self.config = config
         self.engine = engine or VllmEngine(config.main.engine, config.speculation)
         history = config.speculation.history
+        self.grammar_check: GrammarCheck | None = None  # built by start()
         self.history: InvocationHistory | None = (
             InvocationHistory(history.max_entries, history.min_similarity, history.private_tools)
             if history.enabled else None
@@ -102,9 +106,35 @@ class MainModelService:
 
     def start(self) -> None:
         self.engine.start()
+        config = getattr(self.engine.engine, "model_config", None)
+        vocab = config.get_vocab_size() if config is not None else None
+        self.grammar_check = GrammarCheck(tokenizer_info(self.engine.tokenizer, vocab),
+                                          self.config.limits.grammar_compile_timeout_s)
         mismatch = chat_prompt.format_mismatch(self.engine.tokenizer, self.format)
         if mismatch:
             logger.warning("tool format: %s", mismatch)
+
+    async def check_grammar(self, prepared: PreparedRequest) -> None:
+        """A forced call's grammar must compile within `limits.grammar_compile_timeout_s`
+        (app/engine/grammar_check.py): a 400 `grammar_too_slow` otherwise."""
+        if self.grammar_check is None:
+            return
+        schema = prepared.sampling.get("structured_json")
+        grammar = prepared.sampling.get("structured_grammar")
+        try:
+            if schema is not None:
+                await self.grammar_check.check(schema)
+            elif grammar is not None:
+                await self.grammar_check.check_ebnf(grammar)
+        except GrammarTooSlow:
+            raise ApiError(
+                400,
+                f"the tool schemas' grammar did not compile within "
+                f"{self.grammar_check.timeout_s:g} s; simplify the schemas (fewer or shorter "
+                "bounded repeats, lengths, enums)",
+                param="tools",
+                code="grammar_too_slow",
+            ) from None
 
     @property
     def model_name(self) -> str:
@@ -112,7 +142,10 @@ class MainModelService:
 
     # ----- request preparation ----------------------------------------------------------
     def prepare(
-        self, request: ChatCompletionRequest, raw_prompt: str | list[int] | None = None
+        self,
+        request: ChatCompletionRequest,
+        raw_prompt: str | list[int] | None = None,
+        tenant: str = ANONYMOUS_TENANT,
     ) -> PreparedRequest:
         """`raw_prompt` (/v1/completions, whose request comes as a chat request without
         tools): the text or token ids the model continues, instead of the chat template."""
@@ -173,6 +206,7 @@ class MainModelService:
             ) if mode in ("auto", "none") and raw_prompt is None
             and request.output_schema is None else None,
             raw_prompt=raw_prompt is not None,
+            tenant=tenant,
         )
 
     @property
@@ -302,13 +336,15 @@ class MainModelService:
         """Past calls for a similar request, validated against today's schemas and rendered."""
         assert self.history is not None
         names = {t["function"]["name"] for t in prepared.tools}
-        found = self.history.candidates(request_text(prepared.request.message_dicts()), names)
+        found = self.history.candidates(request_text(prepared.request.message_dicts()), names,
+                                        tenant=prepared.tenant)
         if not found:
             return [], []
         intake, rendered = self.intake(
             prepared, Prediction(source="history", candidates=found), started
         )
-        return intake.reports, rendered
+        # A past call that today's schema refuses drafts nothing: it is not reported either.
+        return [r for r in intake.reports if r.valid], rendered
 
     # ----- generation ---------------------------------------------------------------------
     async def run(
@@ -345,7 +381,9 @@ class MainModelService:
                     candidates, self.config.speculation.sidecar_timeout_s
                 )
                 with telemetry.span("candidate.validate", trace_parent) as span:
-                    intake, rendered = self.intake(prepared, prediction, started)
+                    # Schema validation off the replica's event loop (other requests' streams).
+                    intake, rendered = await asyncio.to_thread(
+                        self.intake, prepared, prediction, started)
                     telemetry.set_attributes(span, telemetry.validation_attributes(
                         intake.status, intake.reports, len(rendered),
                         self.config.telemetry.record_content))
@@ -367,7 +405,8 @@ class MainModelService:
 
         history_reports: list[CandidateReport] = []
         if prepared.speculate and self.uses_history(prepared):
-            history_reports, rendered = self.history_candidates(prepared, started)
+            history_reports, rendered = await asyncio.to_thread(
+                self.history_candidates, prepared, started)
             pending_render.extend(rendered)
         if prepared.speculate and self.config.speculation.schema_drafts:
             pending_render.extend(self.schema_candidates(prepared))
@@ -377,7 +416,7 @@ class MainModelService:
         try:
             async for delta in self.engine.stream(
                 prepared.prompt_token_ids, dict(prepared.sampling), prepared.speculate, on_start,
-                realign=prepared.request.ooo_spec.realign,
+                realign=prepared.request.ooo_spec.realign, cache_salt=prepared.tenant,
             ):
                 tally.add(delta)
                 if not opened and delta.text:
@@ -413,6 +452,7 @@ class MainModelService:
             self.history.record(
                 request_text(prepared.request.message_dicts()),
                 [PredictedCall(name=c.name, arguments=c.arguments) for c in parsed.calls],
+                tenant=prepared.tenant,
             )
         yield {
             "type": "final",

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from typing import Any
 
@@ -35,6 +36,8 @@ from app.engine.tool_format import (
 from app.engine.vllm_engine import VllmEngine
 from app.spec.prediction import PredictedCall, Prediction
 from app.spec.tool_union import NO_CALL_NAME, invocation_union_schema
+
+logger = logging.getLogger(__name__)
 
 
 class SidecarService:
@@ -73,7 +76,8 @@ class SidecarService:
                     request, mode, self.config.sidecar.verify if verify is None else verify
                 )
             except Exception as exc:  # the main model decodes on without us
-                return Prediction(error=f"{type(exc).__name__}: {exc}",
+                logger.warning("slot prediction failed: %s: %s", type(exc).__name__, exc)
+                return Prediction(error=f"the prediction failed ({type(exc).__name__})",
                                   elapsed_ms=(time.perf_counter() - started) * 1000)
             return Prediction(
                 candidates=alternatives, elapsed_ms=(time.perf_counter() - started) * 1000
@@ -96,6 +100,8 @@ class SidecarService:
             name = await self.choose(head, names)
         parameters = tools[name] or {}
         keys = slot_filling.slots(parameters)
+        if len(keys) > self.config.limits.max_sidecar_slots:
+            return []  # one engine request per slot: past the cap, no prediction at all
         tails = {k: self._slot_tail(mode, name, parameters, k) for k in keys}
         # Prefill the prompt and the part of the call every slot shares (up to the first key)
         # once, so each slot below finds it in the prefix cache and computes only its key and

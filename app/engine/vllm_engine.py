@@ -19,6 +19,7 @@ import queue
 import threading
 import time
 from collections.abc import AsyncGenerator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,19 @@ from app.engine.engine_args import (
 from app.engine.logprobs import TokenLogprobs, from_engine
 
 logger = logging.getLogger(__name__)
+
+# The prefix-cache salt of the engine requests made in this context (the sidecar sets it per
+# request to the caller's tenant; `stream(cache_salt=...)` wins): vLLM hashes it into the
+# first KV block, so cached prefixes are shared within a tenant only and the time to the
+# first token says nothing about other tenants' prompts.
+CACHE_SALT: ContextVar[str | None] = ContextVar("ooo_spec_cache_salt", default=None)
+
+
+def use_cache_salt(salt: str | None) -> None:
+    """Set `CACHE_SALT` for the current context (a function, so Ray deployments can call it
+    without holding the unpicklable ContextVar themselves)."""
+    CACHE_SALT.set(salt)
+
 
 
 
@@ -279,9 +293,7 @@ class VllmEngine:
             if cmd == "add":
                 request_id, prompt, params, reply = arg
                 try:
-                    internal = self.engine.add_request(
-                        request_id, {"prompt_token_ids": prompt}, params
-                    )
+                    internal = self.engine.add_request(request_id, prompt, params)
                     reply(internal, None)
                 except Exception as exc:  # bad params: tell the caller, keep serving
                     reply(None, exc)
@@ -325,6 +337,7 @@ class VllmEngine:
         speculate: bool = False,
         on_start: Any = None,
         realign: bool = True,
+        cache_salt: str | None = None,
     ) -> AsyncGenerator[StepDelta, None]:
         """Yield one `StepDelta` per forward pass that produced tokens for this request.
 
@@ -379,9 +392,11 @@ class VllmEngine:
                     self.store.open(internal, enabled=speculate, realign=realign)
                 reply(internal, exc)
 
-            self._commands.put(
-                ("add", (external_id, prompt_token_ids, params, reply_and_register))
-            )
+            prompt: dict[str, Any] = {"prompt_token_ids": prompt_token_ids}
+            salt = cache_salt if cache_salt is not None else CACHE_SALT.get()
+            if salt is not None:
+                prompt["cache_salt"] = salt
+            self._commands.put(("add", (external_id, prompt, params, reply_and_register)))
             try:
                 internal_id = await added
             except Exception as exc:

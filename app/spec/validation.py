@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 import jsonschema
+import re2
 import referencing.exceptions
+from jsonschema import _utils as jsonschema_utils
 from jsonschema.protocols import Validator
 from jsonschema.validators import validator_for
 
@@ -86,6 +88,94 @@ def _is_uri(value: object) -> bool:
     return not isinstance(value, str) or bool(_URI.match(value))
 
 
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False  # a client's bad pattern is a 400, not a line on stderr
+
+
+@functools.lru_cache(maxsize=1024)
+def compile_re2(pattern: str) -> Any:
+    """`pattern` compiled by RE2 (linear-time matching); raises `re2.error`."""
+    return re2.compile(pattern, _RE2_OPTIONS)
+
+
+def _re2_search(pattern: str, text: str) -> bool:
+    return compile_re2(pattern).search(text) is not None
+
+
+def _is_regex(value: object) -> bool:
+    if not isinstance(value, str):
+        return True
+    try:
+        compile_re2(value)
+    except re2.error:
+        return False
+    return True
+
+
+def _pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Iterator[Any]:
+    if not validator.is_type(instance, "string"):
+        return
+    try:
+        found = _re2_search(pattern, instance)
+    except re2.error:
+        yield jsonschema.ValidationError(f"pattern {pattern!r} is not supported (RE2 syntax)")
+        return
+    if not found:
+        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+def _matches_any(patterns: Any, name: str) -> bool:
+    try:
+        return any(_re2_search(p, name) for p in patterns)
+    except re2.error:
+        return False
+
+
+def _pattern_properties(validator: Any, patterns: Any, instance: Any, schema: Any
+                        ) -> Iterator[Any]:
+    if not validator.is_type(instance, "object"):
+        return
+    for pattern, subschema in patterns.items():
+        for key, value in instance.items():
+            if _matches_any([pattern], key):
+                yield from validator.descend(value, subschema, path=key, schema_path=pattern)
+
+
+def _additional_properties(validator: Any, additional: Any, instance: Any, schema: Any
+                           ) -> Iterator[Any]:
+    if not validator.is_type(instance, "object"):
+        return
+    properties = schema.get("properties", {})
+    patterns = schema.get("patternProperties", {})
+    extras = [k for k in instance if k not in properties and not _matches_any(patterns, k)]
+    if validator.is_type(additional, "object"):
+        for extra in extras:
+            yield from validator.descend(instance[extra], additional, path=extra)
+    elif not additional and extras:
+        names, verb = jsonschema_utils.extras_msg(sorted(extras, key=str))
+        if patterns:
+            yield jsonschema.ValidationError(
+                f"{names} do not match any of the regexes: "
+                f"{', '.join(repr(p) for p in sorted(patterns))}")
+        else:
+            yield jsonschema.ValidationError(
+                f"Additional properties are not allowed ({names} {verb} unexpected)")
+
+
+# Every regex a client's schema brings is matched by RE2, not by Python's backtracking `re`
+# (jsonschema's default): matching time is linear in the text whatever the pattern.
+_RE2_KEYWORDS = {
+    "pattern": _pattern,
+    "patternProperties": _pattern_properties,
+    "additionalProperties": _additional_properties,
+}
+
+
+@functools.lru_cache(maxsize=16)
+def _re2_validator_class(cls: Any) -> Any:
+    return jsonschema.validators.extend(cls, _RE2_KEYWORDS)
+
+
 def _build_format_checker() -> jsonschema.FormatChecker:
     """jsonschema's checker plus `date-time`, `time` and `uri`.
 
@@ -102,6 +192,8 @@ def _build_format_checker() -> jsonschema.FormatChecker:
         "time": _is_time,
         "uri": _is_uri,
     }
+    checker.checkers.pop("regex", None)
+    checker.checks("regex")(_is_regex)
     for name, check in extras.items():
         if name not in checker.checkers:
             checker.checks(name)(check)
@@ -121,7 +213,7 @@ def _compiled(key: str) -> Validator:
     # Compiled from the key's own parse, so a caller mutating its dict later cannot change a
     # validator that is already cached.
     schema = json.loads(key)
-    cls = validator_for(schema, default=jsonschema.Draft202012Validator)
+    cls = _re2_validator_class(validator_for(schema, default=jsonschema.Draft202012Validator))
     validator: Validator = cls(schema, format_checker=FORMAT_CHECKER)
     return validator
 

@@ -363,6 +363,9 @@ def notes_path() -> Path:
     return model_home() / "notes.jsonl"
 
 
+MAX_NOTES_BYTES = 1 << 20  # the notes file never grows past this
+
+
 @tool(idempotent=False, speculate="never", timeout_s=5.0)
 def append_note(
     text: Annotated[str, Field(min_length=1, max_length=2000, description="The note to keep.")],
@@ -373,10 +376,15 @@ def append_note(
     path = notes_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     # One write() on an O_APPEND descriptor: lines from concurrent replicas never interleave.
+    data = line.encode("utf-8")
     with _notes_lock:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
-            os.write(fd, line.encode("utf-8"))
+            # A demo tool any caller can reach must not fill the disk.
+            if os.fstat(fd).st_size + len(data) > MAX_NOTES_BYTES:
+                raise ValueError(f"the notes file is full ({MAX_NOTES_BYTES} bytes); no more "
+                                 "notes can be saved")
+            os.write(fd, data)
         finally:
             os.close(fd)
     return {"saved": True, "at": at}

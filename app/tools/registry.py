@@ -17,6 +17,7 @@ import asyncio
 import functools
 import importlib
 import inspect
+import logging
 import time
 import typing
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -48,6 +49,8 @@ _MAX_ERROR_CHARS = 1000
 _MARK = "__ooo_spec_tool__"
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+logger = logging.getLogger(__name__)
 
 
 class ToolDefinitionError(ValueError):
@@ -385,8 +388,15 @@ def _encode(value: Any) -> ToolOutput:
 
 
 def _describe(error: BaseException) -> str:
+    """What the model (and the client) see of a tool's exception. A `ValueError`'s message is
+    the tool's own answer to bad input (e.g. the calculator's); any other exception's text may
+    hold internals (paths, hosts, stack details), so only its type is shown and the rest
+    logged."""
     text = str(error)
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+    if isinstance(error, ValueError) and text:
+        return f"{type(error).__name__}: {text}"
+    logger.warning("tool failed: %s: %s", type(error).__name__, text)
+    return type(error).__name__
 
 
 def _pydantic_problems(name: str, exc: ValidationError) -> str:

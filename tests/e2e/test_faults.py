@@ -167,7 +167,7 @@ def calculator_request(app_url: str) -> dict[str, Any]:
         # committed one (a killed pre-executed prediction would leave the committed call to
         # run on the fresh replica, fault-free).
         "ooo_spec": {"enabled": True, "execute_tools": True, "max_steps": 1,
-                     "pre_execute": False},
+                     "pre_execute": False, "server_tools": True},
     }
 
 

@@ -134,6 +134,54 @@ def test_fuzzed_chat_requests_never_get_a_5xx(app_url: str, body: bytes) -> None
     check_response(response)
 
 
+# Issue 20: sampling parameters over and past their ranges, and schema shapes that cost work
+# (references, combinators, repeats, patterns), on otherwise valid forced calls.
+sampling = st.fixed_dictionaries({}, optional={
+    "seed": st.integers(-(2**65), 2**65),
+    "temperature": st.floats(-1, 3, allow_nan=False) | st.sampled_from([0.0, 2.0]),
+    "top_p": st.floats(-0.5, 1.5, allow_nan=False),
+    "max_tokens": st.integers(-2, 10),
+    "stop": st.lists(st.text(max_size=200), max_size=6),
+    "n": st.integers(-1, 3),
+})
+patterns = st.sampled_from(["^(a+)+$", "(a|aa)+", "([a-z]+,)+", r"(a)\1", "[0-9]{2}",
+                            "a{1001}", "x" * 600, "(ab+)*", r"^\w+$"])
+shapes = st.recursive(
+    st.fixed_dictionaries({"type": st.just("string")}, optional={"pattern": patterns,
+                                                                 "maxLength": st.integers(0, 9)})
+    | st.just({"$ref": "#/$defs/d0"}),
+    lambda inner: st.builds(lambda kind, items: {kind: items},
+                            st.sampled_from(["allOf", "anyOf", "oneOf"]),
+                            st.lists(inner, min_size=1, max_size=3))
+    | st.builds(lambda p: {"type": "object", "properties": {"v": p}}, inner),
+    max_leaves=5,
+)
+
+
+@st.composite
+def costly_schemas(draw: st.DrawFn) -> dict[str, Any]:
+    levels = draw(st.integers(0, 30))
+    defs: dict[str, Any] = {f"d{i}": {"allOf": [{"$ref": f"#/$defs/d{i + 1}"}] * 2}
+                            for i in range(levels)}
+    defs[f"d{levels}"] = draw(shapes.filter(lambda s: "$ref" not in json.dumps(s)))
+    return {"type": "object", "properties": {"key": draw(shapes)}, "required": ["key"],
+            "$defs": defs}
+
+
+@settings(max_examples=40, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(params=sampling, schema=costly_schemas(), stream=st.booleans())
+def test_fuzzed_sampling_and_schema_shapes_never_get_a_5xx(
+    app_url: str, params: dict[str, Any], schema: dict[str, Any], stream: bool
+) -> None:
+    body = {**GOOD, "max_tokens": 8, **params, "stream": stream,
+            "tools": [{"type": "function", "function": {"name": "lookup",
+                                                        "parameters": schema}}]}
+    response = httpx.post(f"{app_url}/v1/chat/completions", json=body,
+                          timeout=REQUEST_TIMEOUT_S)
+    check_response(response)
+
+
 @settings(max_examples=25, deadline=None, database=None)
 @given(method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH"]),
        path=st.sampled_from(["/v1/models", "/v1/tools", "/v1/chat/completions", "/healthz",

@@ -34,7 +34,8 @@ def lookup_request(app_url: str) -> dict[str, Any]:
         "tools": [{"type": "function", "function": function}],
         "tool_choice": {"type": "function", "function": {"name": "slow_lookup"}},
         "temperature": 0, "max_tokens": 48,
-        "ooo_spec": {"enabled": True, "execute_tools": True, "max_steps": 1},
+        "ooo_spec": {"enabled": True, "execute_tools": True, "max_steps": 1,
+                     "server_tools": True},
     }
 
 

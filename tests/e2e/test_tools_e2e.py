@@ -68,7 +68,8 @@ def test_correct_prediction_pre_executes_slow_lookup(  # type: ignore[no-untyped
             max_tokens=48,
             # The same question four times: without this, the first call would come back as a
             # history candidate at time zero and the main model would finish before the sidecar.
-            extra_body={"ooo_spec": {"enabled": True, "execute_tools": True, "max_steps": 1,
+            extra_body={"ooo_spec": {"enabled": True, "execute_tools": True,
+                                     "server_tools": True, "max_steps": 1,
                                      "history": False}},
         )
         report = response.model_extra["ooo_spec"]
@@ -103,7 +104,8 @@ def test_append_note_is_never_pre_executed(  # type: ignore[no-untyped-def]
     # Speculation on, tools not executed: the sidecar's prediction must not write a note.
     response = openai_client.chat.completions.create(
         model=MODEL, messages=messages, tools=tools, tool_choice="required", temperature=0,
-        max_tokens=48, extra_body={"ooo_spec": {"enabled": True, "execute_tools": False}},
+        max_tokens=48, extra_body={"ooo_spec": {"enabled": True, "execute_tools": False,
+                                 "server_tools": True}},
     )
     assert response.choices[0].message.tool_calls
     assert response.model_extra["ooo_spec"]["tool_results"] == []
@@ -113,7 +115,8 @@ def test_append_note_is_never_pre_executed(  # type: ignore[no-untyped-def]
     response = openai_client.chat.completions.create(
         model=MODEL, messages=messages, tools=tools, tool_choice="required", temperature=0,
         max_tokens=48,
-        extra_body={"ooo_spec": {"enabled": True, "execute_tools": True, "max_steps": 1}},
+        extra_body={"ooo_spec": {"enabled": True, "execute_tools": True,
+                                 "server_tools": True, "max_steps": 1}},
     )
     results = response.model_extra["ooo_spec"]["tool_results"]
     assert results and all(r["name"] == "append_note" for r in results)
@@ -131,7 +134,8 @@ def test_execute_tools_two_rounds_then_final_answer(  # type: ignore[no-untyped-
         tool_choice="required",
         temperature=0,
         max_tokens=48,
-        extra_body={"ooo_spec": {"enabled": True, "execute_tools": True, "max_steps": 2}},
+        extra_body={"ooo_spec": {"enabled": True, "execute_tools": True,
+                                 "server_tools": True, "max_steps": 2}},
     )
     choice = response.choices[0]
     # `max_steps` tool rounds under `required`, then one turn that must answer in text.
@@ -166,7 +170,7 @@ def test_unknown_tool_goes_back_to_the_client(  # type: ignore[no-untyped-def]
         tool_choice=named("get_weather"),
         temperature=0,
         max_tokens=48,
-        extra_body={"ooo_spec": {"execute_tools": True}},
+        extra_body={"ooo_spec": {"execute_tools": True, "server_tools": True}},
     )
     choice = response.choices[0]
     assert choice.finish_reason == "tool_calls"
@@ -184,7 +188,7 @@ def test_mcp_tool_runs_in_the_loop(  # type: ignore[no-untyped-def]
         tool_choice=named("lookup_capital"),
         temperature=0,
         max_tokens=48,
-        extra_body={"ooo_spec": {"execute_tools": True, "max_steps": 1}},
+        extra_body={"ooo_spec": {"execute_tools": True, "server_tools": True, "max_steps": 1}},
     )
     [result] = response.model_extra["ooo_spec"]["tool_results"]
     assert result["name"] == "lookup_capital"
@@ -202,7 +206,7 @@ def test_streaming_with_execute_tools(  # type: ignore[no-untyped-def]
         temperature=0,
         max_tokens=48,
         stream=True,
-        extra_body={"ooo_spec": {"execute_tools": True, "max_steps": 1}},
+        extra_body={"ooo_spec": {"execute_tools": True, "server_tools": True, "max_steps": 1}},
     )
     chunks = list(stream)
     assert chunks[-1].choices[0].finish_reason in ("stop", "length")

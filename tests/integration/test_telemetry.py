@@ -54,7 +54,8 @@ def ask(client: Any, tool: dict[str, Any], traceparent: str | None = None) -> An
         temperature=0,
         max_tokens=48,
         extra_headers={"traceparent": traceparent} if traceparent else None,
-        extra_body={"ooo_spec": {"enabled": True, "execute_tools": True, "max_steps": 1}},
+        extra_body={"ooo_spec": {"enabled": True, "execute_tools": True, "max_steps": 1,
+                                 "server_tools": True}},
     )
 
 
@@ -68,7 +69,7 @@ def check_trace(spans: list[ReceivedSpan], client_span: str, report: dict[str, A
     ids = {s.span_id for s in spans}
     assert len(ids) == len(spans)
     for span in spans:
-        assert span.parent_span_id in ids | {client_span}, f"{span.name}: dangling parent"
+        assert span.parent_span_id in ids | {None}, f"{span.name}: dangling parent"
         assert span.resource["ooo_spec.component"] == COMPONENT[span.name], span.name
         assert span.resource["service.name"] == "ooo-spec-test"
         assert span.status_code != 2, f"{span.name} failed: {span.attributes}"
@@ -78,7 +79,9 @@ def check_trace(spans: list[ReceivedSpan], client_span: str, report: dict[str, A
                 if s.resource["ooo_spec.component"] != "router"}) >= 3
 
     [root] = only(spans, "router.request")
-    assert root.parent_span_id == client_span  # continues the client's traceparent
+    # The server's own trace, linked to the client's span: never its child.
+    assert root.parent_span_id is None
+    assert [link[1] for link in root.links] == [client_span]
     assert root.attributes["ooo_spec.outcome"] == report["outcome"]
     assert root.attributes["ooo_spec.main.steps"] == report["main"]["steps"]
     assert root.attributes["ooo_spec.main.accepted_tokens"] == report["main"]["accepted_tokens"]
@@ -139,6 +142,17 @@ def check_trace(spans: list[ReceivedSpan], client_span: str, report: dict[str, A
         assert not any(secret in v for v in values), f"{secret!r} leaked into a span"
 
 
+def linked_root(receiver: OtlpReceiver, client_trace: str) -> ReceivedSpan:
+    """The `router.request` span linked to the client's trace (it starts a trace of its own)."""
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        for span in receiver.spans():
+            if span.name == "router.request" and any(t == client_trace for t, _ in span.links):
+                return span
+        time.sleep(0.5)
+    raise AssertionError(f"no router.request span linked to {client_trace}")
+
+
 def test_one_request_is_one_trace_across_the_deployments(
     openai_client: Any, otlp_receiver: OtlpReceiver, lookup_tool: dict[str, Any]
 ) -> None:
@@ -151,7 +165,8 @@ def test_one_request_is_one_trace_across_the_deployments(
         trace_id, client_span = secrets.token_hex(16), secrets.token_hex(8)
         response = ask(openai_client, lookup_tool, f"00-{trace_id}-{client_span}-01")
         report = response.model_extra["ooo_spec"]
-        spans = otlp_receiver.wait_for(trace_id, ALWAYS, timeout_s=90)
+        server_trace = linked_root(otlp_receiver, trace_id).trace_id
+        spans = otlp_receiver.wait_for(server_trace, ALWAYS, timeout_s=90)
         check_trace(spans, client_span, report)
         seen |= {s.name for s in spans}
         if "candidate.validate" in seen:

@@ -136,6 +136,7 @@ def request(
     max_steps: int = 4,
     tool_choice: Any = "required",
     enabled: bool = True,
+    server_tools: bool | list[str] = True,
 ) -> ChatCompletionRequest:
     tools = [
         {"type": "function", "function": {"name": n, "parameters": s}}
@@ -147,7 +148,7 @@ def request(
             "tools": tools,
             "tool_choice": tool_choice,
             "ooo_spec": {"enabled": enabled, "execute_tools": execute_tools,
-                         "max_steps": max_steps},
+                         "max_steps": max_steps, "server_tools": server_tools},
         }
     )
 
@@ -376,3 +377,46 @@ async def test_a_dropped_request_cancels_its_pre_executions() -> None:
         await consumer
     await asyncio.sleep(0)
     assert pool.cancelled == ["lookup"]
+
+
+@pytest.mark.parametrize("declared", [False, ["get_weather"]], ids=["none", "other-tool"])
+async def test_a_client_tool_sharing_a_server_tools_name_is_not_run_without_opt_in(
+    declared: bool | list[str],
+) -> None:
+    """`lookup` is registered on the server, but the request did not declare it the server's:
+    neither pre-executed nor run; the committed call goes back to the client."""
+    pool = FakePool(lookup_s=0.05)
+    script = Script([final([lookup("a")]), final([], content="done")],
+                    predictions=[[lookup("a")]], decode_s=0.2)
+    out = await complete(ChatService("m", True, pool),
+                         request(execute_tools=True, server_tools=declared), script)
+    assert pool.calls == []
+    assert out["ooo_spec"]["tool_results"] == []
+    assert out["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "lookup"
+
+
+def test_server_tools_must_name_offered_tools() -> None:
+    with pytest.raises(ValueError, match="server_tools"):
+        request(server_tools=["nope"])
+    assert request(server_tools=True).server_tool_names == {"lookup", "note", "get_weather"}
+    assert request(server_tools=False).server_tool_names == set()
+
+
+@pytest.mark.parametrize("error, said", [
+    (TimeoutError("the tool worker did not answer within 7 s"), "did not answer in time"),
+    (RuntimeError("secret internal detail"), "could not run"),
+])
+async def test_a_lost_tool_call_says_what_happened_without_internals(
+    error: Exception, said: str
+) -> None:
+    from app.api.agent_loop import run_tool
+
+    class Failing:
+        async def execute(self, name: str, arguments: dict[str, Any],
+                          speculative: bool) -> ToolResult:
+            raise error
+
+    run = await run_tool(Failing(), Invocation(name="lookup", arguments={}), False,  # type: ignore[arg-type]
+                         lambda: 0.0)
+    assert run.result is not None and run.result.is_error
+    assert run.result.content == f"tool 'lookup' {said}"

@@ -51,7 +51,8 @@ def test_every_scenario_is_a_valid_request(listing: list[dict[str, Any]]) -> Non
         request = ChatCompletionRequest.model_validate({
             "messages": case.messages, "tools": case.tools, "tool_choice": case.tool_choice,
             "max_tokens": case.max_tokens,
-            "ooo_spec": {"execute_tools": True, "max_steps": case.max_steps},
+            "ooo_spec": {"execute_tools": True, "max_steps": case.max_steps,
+                         "server_tools": True},
         })
         assert request.messages[-1].role == "user"
         # Only deterministic, idempotent tools: every mode must get the same results.

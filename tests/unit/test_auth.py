@@ -43,13 +43,28 @@ def test_config_and_env_keys_with_labels_and_limits() -> None:
         "max_concurrent_per_key": 5,
     })
     server = ApiKeys.from_config(config, {"MY_KEYS": " env-key-3 ,, env-key-4", "OTHER": "x"})
-    assert server.authenticate("Bearer named-key-2") == Caller("ci", 2)
+    named = server.authenticate("Bearer named-key-2")
+    assert (named.key_id, named.max_concurrent) == ("ci", 2)
     assert server.authenticate("bearer  env-key-4 ").max_concurrent == 5
     plain = server.authenticate("Bearer plain-key-1")
     assert plain.key_id.startswith("key-") and "plain" not in plain.key_id
     assert server.authenticate("Bearer env-key-3").key_id != plain.key_id
     with pytest.raises(ApiError):
         server.authenticate("Bearer OTHER")
+
+
+def test_each_key_is_its_own_tenant_and_the_tenant_hides_the_key() -> None:
+    server = ApiKeys.from_config(
+        AuthConfig.model_validate({"api_keys": [{"key": "key-aaaa-1111", "name": "same"},
+                                                {"key": "key-bbbb-2222", "name": "same"}]}),
+        {})
+    first = server.authenticate("Bearer key-aaaa-1111")
+    second = server.authenticate("Bearer key-bbbb-2222")
+    assert first.tenant != second.tenant  # even under one label
+    assert first.tenant == server.authenticate("Bearer key-aaaa-1111").tenant  # stable
+    assert "aaaa" not in first.tenant and first.tenant.startswith("tenant-")
+    assert ApiKeys.from_config(AuthConfig(), {}).authenticate(None) == Caller(
+        "anonymous", None, "anonymous")
 
 
 def test_env_var_can_be_switched_off() -> None:

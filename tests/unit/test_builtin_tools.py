@@ -276,6 +276,17 @@ async def test_append_note_appends_every_call(
     assert [json.loads(line)["text"] for line in lines] == ["first", "first", "second"]
 
 
+async def test_append_note_stops_at_the_size_cap(
+    registry: ToolRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OOO_SPEC_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(builtin, "MAX_NOTES_BYTES", 200)
+    results = [await registry.execute("append_note", {"text": "n" * 40}) for _ in range(5)]
+    assert [r.is_error for r in results] == [False, False, True, True, True]
+    assert "notes file is full" in results[-1].content
+    assert (tmp_path / "home" / "notes.jsonl").stat().st_size <= 200
+
+
 async def test_xdg_cache_home_is_honoured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OOO_SPEC_HOME", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))

@@ -46,3 +46,15 @@ def test_request_text_is_the_last_user_message() -> None:
     assert request_text(messages) == "second"
     assert request_text([]) == ""
     assert similarity(words("A b"), words("a B")) == 1.0
+
+
+def test_tenants_never_see_each_others_calls() -> None:
+    history = InvocationHistory(max_entries=8, min_similarity=0.5)
+    text = "Book a flight for John Smith, passport X1234567, to Paris on 12 May"
+    history.record(text, [call("book_flight", passport="X1234567")], tenant="key-a")
+    assert history.candidates("book a flight for to paris on may", {"book_flight"},
+                              tenant="key-b") == []
+    assert history.candidates(text, {"book_flight"}, tenant="key-b") == []
+    assert history.candidates(text, {"book_flight"}) == []  # nor the anonymous tenant
+    assert history.candidates(text, {"book_flight"}, tenant="key-a") == [
+        [call("book_flight", passport="X1234567")]]

@@ -69,3 +69,12 @@ def test_key_order_follows_the_schema() -> None:
 def test_a_schema_xgrammar_cannot_compile_is_a_grammar_error() -> None:
     with pytest.raises(GrammarError):
         bounded_whitespace_grammar({"type": "object", "properties": {"a": {"$ref": "#/nope"}}}, 8)
+
+
+def test_features_vllm_refuses_are_refused_too() -> None:
+    """An unknown string format: vLLM's own JSON grammar path refuses it
+    (has_xgrammar_unsupported_json_features); xgrammar alone would ignore it."""
+    schema = {"type": "object", "properties": {"a": {"type": "string",
+                                                     "format": "no-such-format"}}}
+    with pytest.raises(GrammarError, match="does not support"):
+        bounded_whitespace_grammar(schema, 32)

@@ -187,3 +187,104 @@ async def test_deadline_counts_from_the_start_not_per_item() -> None:
         async for item in with_deadline(steady(), 0.22):
             got.append(item)
     assert 2 <= len(got) <= 5
+
+
+# ----- issue 20: caps on stop, arguments, total schema bytes, expansion, patterns, seed ------
+WIDE = LimitsConfig(max_tools=8, max_schema_expansion=200, max_pattern_chars=40,
+                    max_total_schema_bytes=600, max_argument_chars=100, max_stop_strings=2,
+                    max_stop_chars=5)
+
+
+def wide_rejects(raw: bytes, *needles: str) -> ApiError:
+    with pytest.raises(ApiError) as caught:
+        parse_request(raw, 100_000, WIDE, 2048)
+    for needle in needles:
+        assert needle in caught.value.message or needle == caught.value.code, caught.value
+    assert caught.value.status == 400
+    return caught.value
+
+
+def doubling(levels: int) -> dict[str, Any]:
+    defs: dict[str, Any] = {f"l{i}": {"allOf": [{"$ref": f"#/$defs/l{i + 1}"}] * 2}
+                            for i in range(levels)}
+    defs[f"l{levels}"] = {"type": "string"}
+    return {"type": "object", "properties": {"x": {"$ref": "#/$defs/l0"}}, "$defs": defs}
+
+
+@pytest.mark.parametrize(("extra", "code", "param"), [
+    ({"seed": 2**63}, "", "seed"),
+    ({"seed": -(2**63) - 1}, "", "seed"),
+    ({"stop": ["a", "b", "c"]}, "too_many_stop_strings", "stop"),
+    ({"stop": "toolong"}, "stop_string_too_long", "stop"),
+    ({"stop": ["a", ""]}, "empty_stop_string", "stop"),
+    ({"tools": [tool("d", doubling(12))]}, "tool_schema_too_complex", "tools"),
+    ({"tools": [tool("p", {"type": "object", "properties": {
+        "a": {"type": "string", "pattern": "^(a+)+$"}}})]}, "tool_schema_pattern", "tools"),
+    ({"tools": [tool("p", {"type": "object", "patternProperties": {"x" * 50: {}}})]},
+     "tool_schema_pattern", "tools"),
+    ({"tools": [tool(f"t{i}", SCHEMA) for i in range(8)]}, "tool_schemas_too_large", "tools"),
+    ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [
+        {"id": "c1", "function": {"name": "f", "arguments": "{" + " " * 200 + "}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"}]},
+     "arguments_too_long", "messages"),
+])
+def test_new_caps_are_400s_naming_the_field(extra: dict[str, Any], code: str,
+                                            param: str) -> None:
+    err = wide_rejects(body(**extra))
+    assert err.param == param, err
+    if code:
+        assert err.code == code, err
+
+
+def test_values_inside_the_caps_pass() -> None:
+    request = parse_request(body(seed=-(2**63), stop=["ab", "c"], tools=[tool("d", doubling(3))]),
+                            100_000, WIDE, 2048)
+    assert request.seed == -(2**63)
+    assert parse_request(body(seed=2**63 - 1), 100_000, WIDE, 2048).seed == 2**63 - 1
+
+
+async def test_read_limited_refuses_by_content_length_and_while_reading() -> None:
+    from app.api.limits import read_limited
+
+    read: list[int] = []
+
+    async def chunks(n: int) -> AsyncIterator[bytes]:
+        for i in range(n):
+            read.append(i)
+            yield b"x" * 100
+
+    assert await read_limited(chunks(3), "300", 300) == b"x" * 300
+    read.clear()
+    with pytest.raises(ApiError) as caught:
+        await read_limited(chunks(3), "301", 300)
+    assert caught.value.status == 413 and read == []  # refused before reading anything
+    with pytest.raises(ApiError) as caught:
+        await read_limited(chunks(100), None, 250)  # chunked: no length declared
+    assert caught.value.status == 413 and len(read) == 3  # stopped at the first chunk over
+    with pytest.raises(ApiError) as caught:
+        await read_limited(chunks(1), "ten", 250)
+    assert caught.value.status == 400
+
+
+async def test_off_loop_times_out_with_a_400_and_keeps_the_loop_free() -> None:
+    import threading
+
+    from app.api.limits import off_loop
+
+    release = threading.Event()
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    task = asyncio.ensure_future(ticker())
+    with pytest.raises(ApiError) as caught:
+        await off_loop(lambda: release.wait(5), 0.3, "checking")
+    release.set()
+    task.cancel()
+    assert caught.value.status == 400 and caught.value.code == "request_too_complex"
+    assert ticks >= 10  # the loop ran while the work blocked its thread
+    assert await off_loop(lambda: 7, 1, "checking") == 7

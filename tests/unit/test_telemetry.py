@@ -108,6 +108,31 @@ def test_setup_with_endpoint_installs_an_exporting_provider(
         telemetry.use_provider(None)
 
 
+def test_the_root_sampler_decides_not_the_clients_sampled_flag() -> None:
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ParentBased(ALWAYS_OFF))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    telemetry.use_provider(provider)
+    try:
+        sampled = telemetry.extract({"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"})
+        root = telemetry.start_root_span("router.request", sampled)
+        assert not root.is_recording()  # the client asked for sampling; the server said no
+        root.end()
+        # Sampled by the server, a client's unsampled flag does not turn it off either.
+        telemetry.use_provider(None)
+        on = TracerProvider()
+        on.add_span_processor(SimpleSpanProcessor(exporter))
+        telemetry.use_provider(on)
+        unsampled = telemetry.extract({"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-00"})
+        other = telemetry.start_root_span("router.request", unsampled)
+        assert other.is_recording()
+        other.end()
+    finally:
+        telemetry.use_provider(None)
+
+
 # ----- traces through ChatService -----------------------------------------------------------
 @pytest.fixture
 def spans() -> Iterator[InMemorySpanExporter]:
@@ -184,9 +209,12 @@ async def test_one_request_is_one_trace_with_the_loop_below_the_root(
 
     exported = spans.get_finished_spans()
     names = by_name(exported)
-    assert {s.context.trace_id for s in exported} == {int(CLIENT_TRACE, 16)}
     [root] = names["router.request"]
-    assert root.parent is not None and root.parent.span_id == int(CLIENT_SPAN, 16)
+    # A trace of the server's own, linked to the client's span (never its child).
+    assert {s.context.trace_id for s in exported} == {root.context.trace_id}
+    assert root.context.trace_id != int(CLIENT_TRACE, 16) and root.parent is None
+    assert [(link.context.trace_id, link.context.span_id) for link in root.links] == [
+        (int(CLIENT_TRACE, 16), int(CLIENT_SPAN, 16))]
     assert root.attributes is not None
     assert root.attributes["ooo_spec.outcome"] == out["ooo_spec"]["outcome"]
     assert root.attributes["ooo_spec.turns"] == 2

@@ -1,0 +1,179 @@
+"""Issue 20 on real deployments: tenants kept apart, and work bounded before it starts.
+
+Two API keys on a side app (tests/e2e/cluster.py) bound to the session app's engines: what key
+A's call committed is never in key B's response for a near-identical question, while A's own
+repeat gets its history candidate. Then each request that would have taken a replica down or
+frozen a loop is a 400, and the app serves the next request normally."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from app.config import LimitsConfig, RouterConfig
+from tests.e2e.cluster import GOOD, chat, delete_side_app, deploy_side_app
+
+pytestmark = pytest.mark.e2e
+
+KEY_A = "tenant-a-key-0123456789"
+KEY_B = "tenant-b-key-9876543210"
+SIDE = "side-tenants"
+LIMITS = LimitsConfig()
+MAX_BODY = RouterConfig().max_body_bytes
+PASSPORT = "X1234567"
+FLIGHT = {"type": "function", "function": {
+    "name": "book_flight", "description": "Book a flight for a traveller.",
+    "parameters": {"type": "object", "properties": {
+        "traveller": {"type": "string"}, "passport": {"type": "string"},
+        "city": {"type": "string"}, "date": {"type": "string"}},
+        "required": ["traveller", "passport", "city", "date"]}}}
+
+
+def booking(question: str) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": question}], "tools": [FLIGHT],
+            "tool_choice": "required", "temperature": 0, "max_tokens": 160}
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture(scope="module")
+def tenants_url(app_url: str) -> Iterator[str]:
+    overrides = {"auth": {"api_keys": [{"key": KEY_A, "name": "a"},
+                                       {"key": KEY_B, "name": "b"}]}}
+    url = deploy_side_app(SIDE, app_url, overrides)
+    try:
+        yield url
+    finally:
+        delete_side_app(SIDE)
+
+
+def test_one_keys_call_never_reaches_another_key(tenants_url: str) -> None:
+    question = f"Book a flight for John Smith, passport {PASSPORT}, to Paris on 12 May"
+    first = chat(tenants_url, booking(question), headers=bearer(KEY_A))
+    assert first.status_code == 200, first.text
+    [call] = first.json()["choices"][0]["message"]["tool_calls"]
+    committed = json.loads(call["function"]["arguments"])
+    secret = committed["passport"]
+    assert "1234" in secret, committed  # A's call holds what only A's question says
+    # B asks nearly the same (word overlap 0.69: over the history's similarity threshold).
+    other = chat(tenants_url, booking("book a flight for to paris on may"),
+                 headers=bearer(KEY_B))
+    assert other.status_code == 200, other.text
+    assert secret not in other.text and PASSPORT not in other.text  # nowhere in B's answer
+    report = other.json()["ooo_spec"]
+    assert not [c for c in report["candidates"] if c["source"] == "history"], report
+    # B again with history off: the same call, so B's answer owes nothing to A's call.
+    plain_b = chat(tenants_url, {**booking("book a flight for to paris on may"),
+                                 "ooo_spec": {"history": False}}, headers=bearer(KEY_B))
+    assert plain_b.status_code == 200
+    assert (plain_b.json()["choices"][0]["message"]["tool_calls"][0]["function"]
+            == other.json()["choices"][0]["message"]["tool_calls"][0]["function"])
+    # A's own repeat still gets its history candidate: its own committed arguments.
+    again = chat(tenants_url, booking(question), headers=bearer(KEY_A))
+    assert again.status_code == 200
+    history = [c for c in again.json()["ooo_spec"]["candidates"] if c["source"] == "history"]
+    assert history and history[0]["valid"] and history[0]["arguments"] == committed, history
+
+
+def doubling_schema(levels: int = 30) -> dict[str, Any]:
+    """About 1.1 KB: level n's allOf lists level n+1's $ref twice (2**30 expansions)."""
+    defs: dict[str, Any] = {f"a{i}": {"allOf": [{"$ref": f"#/$defs/a{i + 1}"}] * 2}
+                            for i in range(levels)}
+    defs[f"a{levels}"] = {"type": "string"}
+    return {"type": "object", "properties": {"x": {"$ref": "#/$defs/a0"}}, "$defs": defs}
+
+
+def with_tool(parameters: dict[str, Any]) -> dict[str, Any]:
+    return {**GOOD, "tools": [{"type": "function", "function": {"name": "lookup",
+                                                                "parameters": parameters}}]}
+
+
+BAD: list[tuple[str, dict[str, Any], str, str]] = [
+    ("seed", {**GOOD, "seed": 2**64}, "seed", ""),
+    ("doubling-schema", with_tool(doubling_schema()), "tools", "tool_schema_too_complex"),
+    ("catastrophic-pattern", with_tool({"type": "object", "properties": {
+        "key": {"type": "string", "pattern": "^(a+)+$"}}, "required": ["key"]}),
+     "tools", "tool_schema_pattern"),
+    ("stop-strings", {**GOOD, "stop": ["a", "b", "c", "d", "e"]}, "stop",
+     "too_many_stop_strings"),
+]
+
+
+@pytest.mark.parametrize(("name", "body", "param", "code"), BAD, ids=[b[0] for b in BAD])
+def test_unbounded_work_is_a_400_and_the_app_serves_on(app_url: str, name: str,
+                                                       body: dict[str, Any], param: str,
+                                                       code: str) -> None:
+    started = time.perf_counter()
+    r = chat(app_url, body, timeout=60)
+    assert r.status_code == 400, r.text
+    assert time.perf_counter() - started < 10  # refused before any work
+    error = r.json()["error"]
+    assert error["param"] == param, error
+    if code:
+        assert error["code"] == code, error
+    assert len(json.dumps(body)) < 4000  # small requests, all of them
+    ok = chat(app_url, GOOD)
+    assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["tool_calls"]
+
+
+def test_a_chunked_body_over_the_limit_is_refused_while_reading(app_url: str) -> None:
+    sent = 0
+
+    def body() -> Iterator[bytes]:  # no Content-Length: httpx sends it chunked
+        nonlocal sent
+        yield b'{"messages": [{"role": "user", "content": "'
+        for _ in range(4 * MAX_BODY // 65_536):
+            sent += 65_536
+            yield b"x" * 65_536
+        yield b'"}]}'
+
+    try:
+        r = httpx.post(f"{app_url}/v1/chat/completions", content=body(), timeout=60,
+                       headers={"content-type": "application/json"})
+        assert r.status_code == 413, r.text
+        assert r.json()["error"]["code"] == "body_too_large"
+    except httpx.RemoteProtocolError:
+        pass  # the server may answer and close before the client finished sending
+    ok = chat(app_url, GOOD)
+    assert ok.status_code == 200
+
+
+SLOW_GRAMMAR = with_tool({"type": "object", "properties": {
+    f"p{i}": {"type": "string", "pattern": r"([a-z]{1,9}\.){1,100}"} for i in range(12)},
+    "required": [f"p{i}" for i in range(12)]})
+
+
+def test_a_slow_grammar_is_a_400_and_does_not_stall_other_requests(app_url: str) -> None:
+    """About 25 s of grammar compile on this vocabulary: refused at the limit, while a good
+    request sent at the same moment is answered in about its usual time."""
+    limit = LIMITS.grammar_compile_timeout_s
+    started = time.perf_counter()
+    assert chat(app_url, GOOD).status_code == 200
+    usual = time.perf_counter() - started
+    results: dict[str, tuple[int, float, str]] = {}
+
+    def send(name: str, body: dict[str, Any]) -> None:
+        begun = time.perf_counter()
+        r = chat(app_url, body, timeout=300)
+        results[name] = (r.status_code, time.perf_counter() - begun, r.text)
+
+    threads = [threading.Thread(target=send, args=("slow", SLOW_GRAMMAR)),
+               threading.Thread(target=send, args=("good", GOOD))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    status, elapsed, text = results["slow"]
+    assert status == 400 and json.loads(text)["error"]["code"] == "grammar_too_slow", text
+    assert elapsed < limit + 10, elapsed
+    status, elapsed, text = results["good"]
+    assert status == 200, text
+    assert elapsed < usual + limit + 10, (elapsed, usual)

@@ -1,0 +1,69 @@
+"""The grammar compile check before the engine (app.engine.grammar_check), on a small
+vocabulary so it runs without a model."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import xgrammar as xgr
+
+from app.engine.grammar_check import GrammarCheck, GrammarTooSlow
+
+VOCAB = [chr(c) for c in range(32, 127)] + ['{"', '":', '",', "ab", "</s>"]
+SIMPLE = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+# Bounded repeats compile slowly: about 2 s per property on the real vocabulary.
+SLOW = {"type": "object", "properties": {
+    f"p{i}": {"type": "string", "pattern": r"([a-z]{1,9}\.){1,100}"} for i in range(12)},
+    "required": [f"p{i}" for i in range(12)]}
+
+
+def checker(timeout_s: float) -> GrammarCheck:
+    return GrammarCheck(xgr.TokenizerInfo(VOCAB, stop_token_ids=[len(VOCAB) - 1]), timeout_s)
+
+
+async def test_a_quick_grammar_passes_and_is_remembered() -> None:
+    check = checker(30)
+    await check.check(SIMPLE)
+    assert len(check._fast) == 1
+    started = time.perf_counter()
+    await check.check(dict(reversed(list(SIMPLE.items()))))  # same schema, other key order
+    assert time.perf_counter() - started < 0.01 and len(check._fast) == 1
+
+
+async def test_a_slow_grammar_is_refused_at_the_limit_without_blocking_the_loop() -> None:
+    check = checker(0.05)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.005)
+            ticks += 1
+
+    task = asyncio.ensure_future(ticker())
+    started = time.perf_counter()
+    with pytest.raises(GrammarTooSlow):
+        await check.check(SLOW)
+    elapsed = time.perf_counter() - started
+    task.cancel()
+    assert elapsed < 1 and ticks >= 3
+    assert not check._fast
+
+
+async def test_a_schema_that_does_not_compile_is_left_to_the_engine() -> None:
+    await checker(30).check({"type": "string", "format": "no-such-format", "minLength": 9,
+                             "maxLength": 1})
+
+
+async def test_the_served_bounded_whitespace_grammar_is_checked_too() -> None:
+    """Forced calls are served the EBNF of app.engine.json_grammar by default: its compile is
+    timed as well, and a slow one refused."""
+    from app.engine.json_grammar import bounded_whitespace_grammar
+
+    check = checker(30)
+    await check.check_ebnf(bounded_whitespace_grammar(SIMPLE, 32))
+    assert len(check._fast) == 1
+    with pytest.raises(GrammarTooSlow):
+        await checker(0.05).check_ebnf(bounded_whitespace_grammar(SLOW, 32))
