@@ -65,6 +65,27 @@ class EngineConfig(_Strict):
     )
 
 
+class LoadAwareConfig(_Strict):
+    """How drafting gives way under load (app/engine/draft_policy.py). Drafts never change the
+    output, only how many tokens a forward pass may commit and what it costs."""
+
+    step_draft_tokens: int = Field(
+        256, ge=1,
+        description="Draft tokens one engine step may verify in all, shared evenly among the "
+        "running requests (each at most num_speculative_tokens, at least one). A full batch "
+        "spends its compute on its requests' own tokens instead of on drafts.",
+    )
+    no_draft_batch: int = Field(
+        128, ge=1, description="At this many running requests and more, nobody drafts."
+    )
+    reject_streak: int = Field(
+        4, ge=0,
+        description="A request whose drafts were rejected whole this many steps in a row "
+        "pauses drafting (0: never pauses).",
+    )
+    pause_steps: int = Field(4, ge=0, description="How many steps such a pause lasts.")
+
+
 class HistoryConfig(_Strict):
     """Past committed calls offered as candidates at time zero (app/engine/history.py)."""
 
@@ -101,6 +122,7 @@ class SpeculationConfig(_Strict):
         "busy, or one restarting) before the main model decodes without it (sidecar_error).",
     )
     history: HistoryConfig = Field(default_factory=lambda: HistoryConfig())
+    load_aware: LoadAwareConfig = Field(default_factory=lambda: LoadAwareConfig())
 
 
 class SidecarConfig(_Strict):

@@ -12,15 +12,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 # Anchoring on a shorter overlap than this (when the output does not simply start with the
 # candidate) matches punctuation that occurs everywhere in JSON and drafts from a wrong place.
 MIN_OVERLAP_CHARS = 8
 
 
-def candidate_remainder(
+def candidate_match(
     generated: str, candidate: str, min_overlap: int | None = MIN_OVERLAP_CHARS
-) -> tuple[str, int] | None:
-    """Where `generated` is in `candidate`: (text still to come, length of the match).
+) -> tuple[int, int] | None:
+    """Where `generated` stands in `candidate`: (position in `candidate` the output continues
+    at, length of the match).
 
     Two anchors, tried in order:
     1. `candidate` starts with `generated` (the usual case, also when the candidate arrives
@@ -32,55 +35,88 @@ def candidate_remainder(
        it (`"city": ` is already 8 chars), and drafts that key's value and the rest.
     None when neither holds (the model has left the candidate). `min_overlap=None` turns
     re-alignment off (prefix only).
+
+    >>> candidate_match('{"city": "Rome", "days": ', '{"city": "Paris", "days": 3}')
+    (26, 9)
     """
     if candidate.startswith(generated):
-        return candidate[len(generated) :], len(generated)
-    if min_overlap is None:
-        return None
-    best_end = -1
-    best_size = 0
+        return len(generated), len(generated)
     n = len(generated)
-    # Grow the suffix while it still occurs: a longer suffix contains the shorter one, so the
-    # first size without an occurrence ends the search.
-    for size in range(min_overlap, min(n, len(candidate)) + 1):
-        start = candidate.rfind(generated[n - size :])
-        if start < 0:
-            break
-        best_end, best_size = start + size, size
-    if best_size == 0:
+    if min_overlap is None or n < min_overlap:
         return None
-    return candidate[best_end:], best_size
+    tail = generated[n - min_overlap :]
+    best_end, best_size = -1, 0
+    # Every longer matching suffix ends with `tail`: visit the tail's occurrences from the
+    # last one back and measure how far each agrees; strictly longer wins, so ties keep the
+    # last occurrence.
+    start = candidate.rfind(tail)
+    while start >= 0:
+        end = start + min_overlap
+        size = _common_suffix(generated, candidate, end, min_overlap)
+        if size > best_size:
+            best_end, best_size = end, size
+        start = candidate.rfind(tail, 0, end - 1)
+    return None if best_size == 0 else (best_end, best_size)
 
 
-def best_remainder(
+def _common_suffix(generated: str, candidate: str, end: int, known: int) -> int:
+    """Length of the common suffix of `generated` and `candidate[:end]`, at least `known`
+    (binary search: a suffix that agrees means every shorter one agrees)."""
+    n = len(generated)
+    low, high = known, min(n, end)
+    while low < high:
+        mid = (low + high + 1) // 2
+        if candidate[end - mid : end] == generated[n - mid :]:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def best_position(
     generated: str, candidates: Sequence[str], realign: bool = True
-) -> str | None:
-    """The remainder of the candidate that agrees with most of the output (ties: first).
+) -> tuple[int, int] | None:
+    """(index, character position) in the candidate that agrees with most of the output: the
+    output continues there. Ties go to the first candidate; None when none agrees.
 
-    A candidate already written in full gives "" (only the end of the output is left).
     `realign=False`: prefixes only (to measure what re-alignment is worth)."""
-    best: tuple[str, int] | None = None
+    best: tuple[int, int] | None = None
+    best_size = 0
     min_overlap = MIN_OVERLAP_CHARS if realign else None
-    for candidate in candidates:
-        found = candidate_remainder(generated, candidate, min_overlap)
-        if found is not None and (best is None or found[1] > best[1]):
-            best = found
-    return None if best is None else best[0]
+    for index, candidate in enumerate(candidates):
+        found = candidate_match(generated, candidate, min_overlap)
+        if found is not None and (best is None or found[1] > best_size):
+            best, best_size = (index, found[0]), found[1]
+    return best
 
 
-def prompt_lookup(tokens: Sequence[int], k: int, min_n: int, max_n: int) -> list[int]:
+def prompt_lookup(tokens: Sequence[int] | np.ndarray, k: int, min_n: int, max_n: int) -> list[int]:
     """vLLM-style n-gram prompt lookup over one request's own tokens (prompt + output).
 
     Finds the most recent earlier occurrence of the last n tokens (n from `max_n` down to
-    `min_n`) and proposes what followed it.
+    `min_n`) and proposes what followed it. The search runs on the tokens' bytes
+    (`bytes.rfind`, in C): the proposer calls this on every row without a candidate draft, on
+    prompts of thousands of tokens.
     """
-    total = len(tokens)
-    seq = list(tokens)
+    seq = np.ascontiguousarray(tokens, dtype=np.int64)
+    total = len(seq)
+    data = seq.tobytes()
+    width = seq.itemsize
     for n in range(min(max_n, total - 1), min_n - 1, -1):
-        suffix = seq[total - n :]
-        for start in range(total - n - 1, -1, -1):
-            if seq[start : start + n] == suffix:
+        if n <= 0:
+            break
+        needle = data[(total - n) * width :]
+        # An earlier occurrence ends before the last token: search data[: (total - 1) * width].
+        end = (total - 1) * width
+        while True:
+            found = data.rfind(needle, 0, end)
+            if found < 0:
+                break
+            if found % width == 0:  # on a token boundary, not inside two tokens' bytes
+                start = found // width
                 follow = seq[start + n : start + n + k]
-                if follow:
-                    return follow
+                if len(follow):
+                    return [int(t) for t in follow]
+                break
+            end = found + len(needle) - 1
     return []

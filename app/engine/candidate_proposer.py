@@ -17,8 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from app.engine.alignment import best_remainder, prompt_lookup
+from app.engine.alignment import prompt_lookup
 from app.engine.candidate_store import CandidateStore
+from app.engine.draft_policy import DraftPolicy
+from app.engine.request_alignment import (
+    TokenizedCandidate,
+    TokenizedCandidates,
+    TrackedRequest,
+)
 
 
 class CandidateProposer:
@@ -33,6 +39,11 @@ class CandidateProposer:
         self.prompt_lookup_fallback = False
         self.lookup_min = 2
         self.lookup_max = 4
+        self.policy = DraftPolicy(k=self.k)
+        self.tokenized: TokenizedCandidates | None = None
+        # Per engine request id; dropped when the request leaves the store.
+        self.tracked: dict[str, TrackedRequest] = {}
+        self._backend: Any = None
 
     def bind(
         self,
@@ -42,6 +53,7 @@ class CandidateProposer:
         prompt_lookup_fallback: bool,
         lookup_min: int,
         lookup_max: int,
+        policy: DraftPolicy | None = None,
     ) -> None:
         self.store = store
         self.runner = runner
@@ -50,6 +62,11 @@ class CandidateProposer:
         self.prompt_lookup_fallback = prompt_lookup_fallback
         self.lookup_min = lookup_min
         self.lookup_max = lookup_max
+        self.policy = policy or DraftPolicy(k=self.k)
+        # The Rust tokenizer under a Hugging Face fast tokenizer: the Python wrapper's
+        # per-call overhead was most of the proposer's time at large batches.
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        self.tokenized = TokenizedCandidates(self._tokenize, self._encode)
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """Nothing to load: drafts come from candidates, not from a draft model."""
@@ -66,47 +83,86 @@ class CandidateProposer:
             return drafts
         batch = self.runner.input_batch
         req_ids: list[str] = batch.req_ids
+        active = sum(1 for sampled in sampled_token_ids if sampled)
+        budget_per_row = self.policy.batch_budget(active)
+        seen: set[str] = set()
         for row, sampled in enumerate(sampled_token_ids):
             if not sampled or row >= len(req_ids):
                 continue
-            entry = self.store.get(req_ids[row])
+            req_id = req_ids[row]
+            entry = self.store.get(req_id)
             if entry is None or not entry.enabled:
                 continue
+            seen.add(req_id)
+            tracked = self.tracked.setdefault(req_id, TrackedRequest())
+            tracked.acceptance.observe(len(sampled), self.policy)
             num_tokens = int(num_tokens_no_spec[row])
-            budget = min(self.k, self.max_model_len - num_tokens - 1)
-            if budget <= 0:
+            budget = min(budget_per_row, self.max_model_len - num_tokens - 1)
+            prompt_len = int(batch.num_prompt_tokens[row])
+            # The text must follow every committed token even on steps that do not draft.
+            piece = tracked.advance(token_ids_cpu[row, prompt_len:num_tokens], self._decode)
+            if tracked.acceptance.paused or budget <= 0:
+                if tracked.acceptance.paused:
+                    self.store.record_pause(req_id)
+                # The anchor did not follow this step's text: search again when drafting.
+                tracked.anchor = None
                 continue
             draft: list[int] = []
             if entry.candidates:
-                prompt_len = int(batch.num_prompt_tokens[row])
-                generated = token_ids_cpu[row, prompt_len:num_tokens].tolist()
-                draft = self._candidate_draft(
-                    generated, entry.candidates, budget, entry.realign
-                )
+                anchor = tracked.locate(piece, entry.candidates, entry.realign)
+                if anchor is not None:
+                    draft = self._candidate_draft(entry.candidates[anchor[0]], anchor[1], budget)
             if not draft and self.prompt_lookup_fallback:
                 draft = prompt_lookup(
-                    token_ids_cpu[row, :num_tokens].tolist(),
-                    budget,
-                    self.lookup_min,
-                    self.lookup_max,
+                    token_ids_cpu[row, :num_tokens], budget, self.lookup_min, self.lookup_max
                 )
             if draft:
                 drafts[row] = draft
-                self.store.record_draft(req_ids[row], len(draft))
+                tracked.acceptance.drafted = len(draft)
+                self.store.record_draft(req_id, len(draft))
+        self._forget_finished(seen)
         return drafts
 
-    def _candidate_draft(
-        self, generated: list[int], candidates: list[str], k: int, realign: bool = True
-    ) -> list[int]:
-        text = self.tokenizer.decode(generated, skip_special_tokens=False)
-        remainder = best_remainder(text, candidates, realign)
-        if remainder is None:
-            return []
-        ids = self.tokenizer.encode(remainder, add_special_tokens=False)[:k] if remainder else []
+    def _candidate_draft(self, candidate: str, position: int, k: int) -> list[int]:
+        assert self.tokenized is not None
+        ids = self.tokenized.draft(candidate, position, k)
         # Past the end of the call comes the end of the output: draft that too.
         if len(ids) < k and self.eos_token_id is not None:
-            ids.append(self.eos_token_id)
+            ids = [*ids, self.eos_token_id]
         return ids
+
+    def _forget_finished(self, seen: set[str]) -> None:
+        """Drop what is kept for requests the store no longer holds (finished, aborted)."""
+        assert self.store is not None
+        for req_id in [r for r in self.tracked if r not in seen and self.store.get(r) is None]:
+            del self.tracked[req_id]
+
+    def _encode(self, text: str) -> list[int]:
+        if self._backend is not None:
+            return list(self._backend.encode(text, add_special_tokens=False).ids)
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _decode(self, ids: Any) -> str:
+        # No clean-up of spaces: text decoded step by step must equal text decoded whole.
+        if self._backend is not None:
+            return str(self._backend.decode(list(ids), skip_special_tokens=False))
+        return str(self.tokenizer.decode(ids, skip_special_tokens=False,
+                                         clean_up_tokenization_spaces=False))
+
+    def _tokenize(self, text: str) -> TokenizedCandidate:
+        if self._backend is not None:
+            encoding = self._backend.encode(text, add_special_tokens=False)
+            ids = list(encoding.ids)
+            # Offsets tile the text only if the tokens decode back to it as well.
+            found = TokenizedCandidate.from_offsets(text, ids, encoding.offsets)
+            if found is not None and self._decode(ids) == text:
+                return found
+            pieces = self._backend.decode_batch([[i] for i in ids], skip_special_tokens=False)
+        else:
+            ids = self._encode(text)
+            pieces = self.tokenizer.batch_decode([[i] for i in ids], skip_special_tokens=False,
+                                                 clean_up_tokenization_spaces=False)
+        return TokenizedCandidate.from_pieces(text, ids, pieces)
 
 
 def bind_proposer(
@@ -116,11 +172,13 @@ def bind_proposer(
     prompt_lookup_fallback: bool,
     lookup_min: int,
     lookup_max: int,
+    policy: DraftPolicy | None = None,
 ) -> bool:
     """Run on the worker via `collective_rpc`: connect the runner's proposer to the store."""
     runner = worker.model_runner
     drafter = getattr(runner, "drafter", None)
     if not isinstance(drafter, CandidateProposer):
         return False
-    drafter.bind(store, runner, tokenizer, prompt_lookup_fallback, lookup_min, lookup_max)
+    drafter.bind(store, runner, tokenizer, prompt_lookup_fallback, lookup_min, lookup_max,
+                 policy)
     return True

@@ -18,6 +18,10 @@ class RequestSpeculation:
     # candidate and whitespace style).
     candidates: list[str] = field(default_factory=list)
     drafted_tokens: int = 0
+    # Load-aware drafting (draft_policy.py): steps this request sat out, and tokens drafted
+    # after its first pause (drafting switched off and on again).
+    paused_steps: int = 0
+    drafted_after_pause: int = 0
     # Off only to measure what re-alignment after a divergence is worth (benchmarks).
     realign: bool = True
 
@@ -50,6 +54,14 @@ class CandidateStore:
             entry = self._requests.get(request_id)
             if entry is not None:
                 entry.drafted_tokens += drafted
+                if entry.paused_steps:
+                    entry.drafted_after_pause += drafted
+
+    def record_pause(self, request_id: str) -> None:
+        with self._lock:
+            entry = self._requests.get(request_id)
+            if entry is not None:
+                entry.paused_steps += 1
 
     def close(self, request_id: str) -> RequestSpeculation | None:
         with self._lock:

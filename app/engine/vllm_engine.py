@@ -195,6 +195,7 @@ class VllmEngine:
         self.tokenizer = self.engine.get_tokenizer()
         if self.speculation is not None:
             from app.engine.candidate_proposer import bind_proposer
+            from app.engine.draft_policy import DraftPolicy
 
             bound = self.engine.collective_rpc(
                 bind_proposer,
@@ -204,6 +205,7 @@ class VllmEngine:
                     self.speculation.prompt_lookup_fallback,
                     self.speculation.prompt_lookup_min,
                     self.speculation.prompt_lookup_max,
+                    DraftPolicy.from_config(self.speculation),
                 ),
             )
             if not all(bound):

@@ -15,6 +15,8 @@ import pytest
 
 from app.api.openai_models import ChatCompletionRequest
 from app.config import AppConfig, EngineConfig, SpeculationConfig
+from app.engine.candidate_proposer import bind_proposer
+from app.engine.draft_policy import DraftPolicy
 from app.engine.main_model import MainModelService
 from app.engine.tool_format import (
     ParsedCall,
@@ -229,3 +231,45 @@ async def test_history_candidates_are_lossless(engine: VllmEngine) -> None:
         tokens, offered = await _service_call(service, text, enabled=True)
         assert tokens == plain, f"{text!r}: output differs from plain decoding"
         assert any(c["source"] == "history" for c in offered), offered
+
+
+def _bind(engine: VllmEngine, policy: DraftPolicy) -> None:
+    """Rebind the engine's proposer with another draft policy (same store and tokenizer)."""
+    spec = engine.speculation
+    assert spec is not None
+    bound = engine.engine.collective_rpc(bind_proposer, args=(
+        engine.store, engine.tokenizer, spec.prompt_lookup_fallback, spec.prompt_lookup_min,
+        spec.prompt_lookup_max, policy))
+    assert all(bound)
+
+
+async def test_drafting_that_pauses_and_resumes_is_lossless(engine: VllmEngine) -> None:
+    """Load-aware drafting switched off and on again mid-request (a pause after every fully
+    rejected draft, a small step budget): still token-identical to plain decoding."""
+    assert engine.speculation is not None
+    _bind(engine, DraftPolicy(k=16, step_draft_tokens=6, reject_streak=1, pause_steps=2))
+    sampling = {"max_tokens": 96, "temperature": 0.0,
+                "structured_json": forced_output_schema(TOOLS, None)}
+    paused = resumed = 0
+    try:
+        for text in PROMPTS:
+            prompt = _prompt(engine, text)
+            plain, _ = await _run(engine, prompt, sampling, False, [])
+            right = parse_forced(engine.tokenizer.decode(plain[:-1]), None).calls
+            wrong = render_forced_variants([_wrong_argument(right[0])], TOOLS, None)
+            tokens: list[int] = []
+            speculation = None
+
+            def started(request_id: str, candidates: list[str] = wrong) -> None:
+                engine.store.add_candidates(request_id, candidates)
+
+            async for delta in engine.stream(prompt, sampling, True, started):
+                tokens.extend(delta.token_ids)
+                speculation = delta.speculation or speculation
+            assert tokens == plain, f"{text!r}: output differs from plain decoding"
+            assert speculation is not None
+            paused += speculation.paused_steps
+            resumed += speculation.drafted_after_pause
+    finally:
+        _bind(engine, DraftPolicy.from_config(engine.speculation))
+    assert paused > 0 and resumed > 0, (paused, resumed)

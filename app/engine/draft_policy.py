@@ -1,0 +1,77 @@
+"""How many draft tokens a row may get this engine step: load-aware speculation.
+
+Drafts are verified in the same forward pass as the row's next token, so each drafted position
+costs compute. At small batches that compute is idle anyway (a decode step is memory-bound) and
+drafts are nearly free; in a full batch every drafted position competes with other requests'
+tokens, and rejected ones are pure loss. Two rules, both pure and per step:
+
+- **Batch**: the step's draft tokens are capped at `step_draft_tokens`, shared evenly among
+  the running rows (each at most `k`, at least one); at `no_draft_batch` rows and above nobody
+  drafts. Small batches keep the full `k`; a full one spends its compute on its rows' own
+  tokens.
+- **Row**: a row whose last `reject_streak` drafts were all rejected pauses drafting for
+  `pause_steps` steps, then tries again (a model writing a long string value that no candidate
+  holds, or one that left every candidate). One accepted token resets the streak.
+
+Any draft budget keeps the output identical: drafts only decide how many tokens a pass may
+commit, never which.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.config import SpeculationConfig
+
+
+@dataclass(frozen=True)
+class DraftPolicy:
+    k: int
+    step_draft_tokens: int = 1 << 30
+    no_draft_batch: int = 1 << 30
+    reject_streak: int = 0  # 0: rows never pause
+    pause_steps: int = 0
+
+    @classmethod
+    def from_config(cls, speculation: SpeculationConfig) -> DraftPolicy:
+        load = speculation.load_aware
+        return cls(k=speculation.num_speculative_tokens,
+                   step_draft_tokens=load.step_draft_tokens, no_draft_batch=load.no_draft_batch,
+                   reject_streak=load.reject_streak, pause_steps=load.pause_steps)
+
+    def batch_budget(self, active_rows: int) -> int:
+        """Draft tokens each row may get when `active_rows` rows decode this step.
+
+        >>> DraftPolicy(k=16, step_draft_tokens=128, no_draft_batch=64).batch_budget(32)
+        4
+        """
+        if active_rows >= self.no_draft_batch:
+            return 0
+        return min(self.k, max(1, self.step_draft_tokens // max(active_rows, 1)))
+
+
+@dataclass
+class RowAcceptance:
+    """A row's recent drafting record, updated once per step from what the engine accepted."""
+
+    streak: int = 0  # consecutive steps whose drafts were all rejected
+    paused_for: int = 0  # steps left without drafting
+    drafted: int = 0  # tokens drafted at the previous step
+
+    def observe(self, sampled: int, policy: DraftPolicy) -> None:
+        """`sampled`: tokens the engine committed for the row this step (accepted drafts + 1)."""
+        if self.paused_for > 0:
+            self.paused_for -= 1
+        elif self.drafted > 0:
+            if sampled > 1:
+                self.streak = 0
+            else:
+                self.streak += 1
+                if policy.reject_streak and self.streak >= policy.reject_streak:
+                    self.paused_for = policy.pause_steps
+                    self.streak = 0
+        self.drafted = 0
+
+    @property
+    def paused(self) -> bool:
+        return self.paused_for > 0

@@ -1,0 +1,161 @@
+"""One request's place in its candidates, advanced step by step with the tokens it committed.
+
+The proposer used to decode a row's whole output and re-encode the rest of the best candidate
+on every engine step: linear in the output's length, with a tokenizer call per row per step.
+Here each request keeps:
+
+- the text it has written so far, extended by decoding only the tokens committed since the
+  last step (a full decode only when a step ends inside a multi-byte character);
+- an anchor `(candidate, position)`: where in which candidate the text stands. A step whose new
+  text continues the candidate at the anchor just moves it; only a divergence (or new
+  candidates) runs the text re-alignment of `alignment.best_position` again;
+- nothing per candidate: each candidate text is tokenized once (`TokenizedCandidates`, shared
+  by all requests, bounded) with the character offset where each token starts, so the draft
+  from an anchor on a token boundary is a slice. An anchor inside a token (the model split the
+  text differently) encodes only the piece up to the next boundary.
+
+Worked example: candidate `{"city": "Paris"}` tokenized as `{"` `city` `":` ` "` `Paris` `"}`
+(starts 0, 2, 6, 8, 10, 15). The model has written `{"city": "` in three steps; the anchor moved
+0 → 2 → 8 → 10 without any search, and the draft is the slice from the token at 10: `Paris`
+`"}`. Had it written `{"ci`, the anchor 4 is inside `city`: the piece `ty` is encoded and the
+tokens from offset 6 follow.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from app.engine.alignment import best_position
+from app.engine.draft_policy import RowAcceptance
+
+Encode = Callable[[str], list[int]]
+Decode = Callable[[Sequence[int] | np.ndarray], str]
+
+
+@dataclass(frozen=True)
+class TokenizedCandidate:
+    ids: list[int]
+    # Character offset where each token's text starts; None when the tokens do not split the
+    # text into whole characters (a multi-byte character across tokens): then every draft is
+    # encoded from the text.
+    starts: list[int] | None
+
+    @classmethod
+    def from_pieces(cls, text: str, ids: list[int], pieces: Sequence[str]) -> TokenizedCandidate:
+        """From each token's own text (`pieces`), when they add up to `text`."""
+        if "".join(pieces) != text:
+            return cls(ids, None)
+        starts, offset = [], 0
+        for piece in pieces:
+            starts.append(offset)
+            offset += len(piece)
+        return cls(ids, starts)
+
+    @classmethod
+    def from_offsets(
+        cls, text: str, ids: list[int], offsets: Sequence[tuple[int, int]]
+    ) -> TokenizedCandidate | None:
+        """From a fast tokenizer's character offsets, when they tile `text` exactly (they do
+        not where a tokenizer trims spaces off its offsets: None, ask `from_pieces`)."""
+        if not offsets or offsets[0][0] != 0 or offsets[-1][1] != len(text):
+            return None
+        if any(offsets[i][1] != offsets[i + 1][0] for i in range(len(offsets) - 1)):
+            return None
+        return cls(ids, [start for start, _ in offsets])
+
+
+class TokenizedCandidates:
+    """Candidate texts tokenized once, least recently used dropped past `capacity`.
+
+    Schema placeholders repeat across requests with the same tools; a sidecar prediction is
+    tokenized once per request instead of once per step."""
+
+    def __init__(self, tokenize: Callable[[str], TokenizedCandidate], encode: Encode,
+                 capacity: int = 4096) -> None:
+        self._tokenize = tokenize
+        self._encode = encode
+        self._capacity = capacity
+        self._texts: OrderedDict[str, TokenizedCandidate] = OrderedDict()
+        self._pieces: OrderedDict[str, list[int]] = OrderedDict()
+
+    def get(self, text: str) -> TokenizedCandidate:
+        found = self._texts.get(text)
+        if found is not None:
+            self._texts.move_to_end(text)
+            return found
+        found = self._tokenize(text)
+        self._remember(self._texts, text, found)
+        return found
+
+    def encode_piece(self, piece: str) -> list[int]:
+        """A short piece of text (the rest of a token the model split otherwise), cached."""
+        found = self._pieces.get(piece)
+        if found is None:
+            found = self._encode(piece)
+            self._remember(self._pieces, piece, found)
+        return found
+
+    def draft(self, text: str, position: int, k: int) -> list[int]:
+        """Up to `k` tokens of `text` from character `position` on."""
+        tokenized = self.get(text)
+        if tokenized.starts is None:
+            return self._encode(text[position:])[:k]
+        index = bisect_left(tokenized.starts, position)
+        if index < len(tokenized.starts) and tokenized.starts[index] == position:
+            return tokenized.ids[index : index + k]
+        boundary = tokenized.starts[index] if index < len(tokenized.starts) else len(text)
+        head = self.encode_piece(text[position:boundary])
+        return (head + tokenized.ids[index : index + k])[:k]
+
+    def _remember(self, cache: OrderedDict, key: str, value: object) -> None:
+        cache[key] = value
+        if len(cache) > self._capacity:
+            cache.popitem(last=False)
+
+
+@dataclass
+class TrackedRequest:
+    """What the proposer remembers of one request between engine steps."""
+
+    generated: int = 0  # output tokens already folded into `text`
+    text: str = ""
+    # The store's list the anchor refers to; the store replaces the list when candidates
+    # arrive, so identity tells whether the anchor still refers to it.
+    candidates: list[str] | None = None
+    anchor: tuple[int, int] | None = None  # (candidate index, character position)
+    acceptance: RowAcceptance = field(default_factory=RowAcceptance)
+
+    def advance(self, output: Sequence[int] | np.ndarray, decode: Decode) -> str:
+        """Fold the tokens committed since the last step into `text`; returns the new text."""
+        if len(output) < self.generated:  # the engine restarted the request (preemption)
+            self.generated, self.text, self.anchor = 0, "", None
+        piece = decode(output[self.generated :]) if len(output) > self.generated else ""
+        if "\ufffd" in piece:  # a character split across steps: decode it whole
+            whole = decode(output)
+            if whole.startswith(self.text):
+                piece = whole[len(self.text) :]
+            else:  # what was decoded before changed: the anchor no longer holds
+                piece, self.anchor = "", None
+            self.text = whole
+        else:
+            self.text += piece
+        self.generated = len(output)
+        return piece
+
+    def locate(self, piece: str, candidates: list[str], realign: bool) -> tuple[int, int] | None:
+        """The anchor after this step's `piece`: moved along when the text still follows the
+        candidate there, searched again otherwise (or when candidates were added)."""
+        if candidates is not self.candidates:
+            self.candidates, self.anchor = candidates, None
+        elif self.anchor is not None:
+            index, position = self.anchor
+            if candidates[index].startswith(piece, position):
+                self.anchor = (index, position + len(piece))
+                return self.anchor
+        self.anchor = best_position(self.text, candidates, realign)
+        return self.anchor

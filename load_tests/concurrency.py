@@ -1,0 +1,281 @@
+"""Load benchmark across concurrency: plain vs ooo on one server, at 1, 4 and 16 users.
+
+Each level runs one block per mode, the modes' order alternating from level to level; a block
+keeps `users` closed-loop clients busy for `--duration` seconds (a request still running at
+the end is awaited and counted). Clients draw BFCL forced calls round-robin, each client from
+its own offset, so both modes ask the same questions in the same order. Reports per level and
+mode: finished requests, requests/s, committed (completion) tokens/s, p50 and p95 end to end,
+errors; while it runs it samples each deployment's replica count from Serve (when given the
+Ray dashboard's address), so the plot shows replicas over time beside latency.
+
+    python -m load_tests.concurrency --url http://127.0.0.1:8000 --users 1,4,16 \
+        --duration 60 --json bench_out/concurrency.json --plot bench_out/concurrency.png
+
+Bounded: every block stops after its duration, every request after `--timeout`. Loopback only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from load_tests.bfcl import BfclCase, load_bfcl
+from load_tests.load_requests import request_body
+
+MODES = ("plain", "ooo")
+
+
+@dataclass
+class Sample:
+    mode: str
+    users: int
+    start_s: float  # since the run began
+    e2e_ms: float
+    completion_tokens: int
+    main_steps: int | None
+    error: str | None = None
+
+
+@dataclass
+class Block:
+    mode: str
+    users: int
+    duration_s: float
+    samples: list[Sample] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        ok = [s for s in self.samples if s.error is None]
+        latencies = sorted(s.e2e_ms for s in ok)
+        tokens = sum(s.completion_tokens for s in ok)
+        steps = [s.main_steps for s in ok if s.main_steps is not None]
+        return {
+            "mode": self.mode, "users": self.users, "finished": len(ok),
+            "errors": len(self.samples) - len(ok),
+            "requests_per_s": len(ok) / self.duration_s if self.duration_s else 0.0,
+            "tokens_per_s": tokens / self.duration_s if self.duration_s else 0.0,
+            "p50_ms": statistics.median(latencies) if latencies else None,
+            "p95_ms": percentile(latencies, 0.95),
+            "main_steps_median": statistics.median(steps) if steps else None,
+        }
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float | None:
+    if not sorted_values:
+        return None
+    return sorted_values[min(len(sorted_values) - 1, round(q * (len(sorted_values) - 1)))]
+
+
+def block_order(levels: Sequence[int]) -> list[tuple[int, str]]:
+    """(users, mode) blocks: modes alternate their order from one level to the next, so
+    neither mode always runs on a warmer server.
+
+    >>> block_order([1, 4])
+    [(1, 'plain'), (1, 'ooo'), (4, 'ooo'), (4, 'plain')]
+    """
+    order: list[tuple[int, str]] = []
+    for index, users in enumerate(levels):
+        modes = MODES if index % 2 == 0 else tuple(reversed(MODES))
+        order += [(users, mode) for mode in modes]
+    return order
+
+
+async def _client(client: httpx.AsyncClient, url: str, cases: Sequence[BfclCase], offset: int,
+                  block: Block, until: float, t0: float, max_tokens: int,
+                  timeout_s: float) -> None:
+    index = offset
+    while time.monotonic() < until:
+        case = cases[index % len(cases)]
+        index += 1
+        body = request_body(case, block.mode, max_tokens)
+        started = time.monotonic()
+        error: str | None = None
+        tokens, steps = 0, None
+        try:
+            reply = await client.post(f"{url}/v1/chat/completions", json=body, timeout=timeout_s)
+            if reply.status_code != 200:
+                error = f"HTTP {reply.status_code}"
+            else:
+                data = reply.json()
+                tokens = int(data["usage"]["completion_tokens"])
+                steps = data.get("ooo_spec", {}).get("main", {}).get("steps")
+        except (httpx.HTTPError, ValueError, KeyError) as exc:
+            error = type(exc).__name__
+        block.samples.append(Sample(block.mode, block.users, started - t0,
+                                    (time.monotonic() - started) * 1000, tokens, steps, error))
+
+
+async def run_block(url: str, cases: Sequence[BfclCase], users: int, mode: str,
+                    duration_s: float, t0: float, max_tokens: int, timeout_s: float) -> Block:
+    block = Block(mode, users, duration_s)
+    until = time.monotonic() + duration_s
+    limits = httpx.Limits(max_connections=users + 2)
+    async with httpx.AsyncClient(limits=limits) as client:
+        await asyncio.gather(*(
+            _client(client, url, cases, user * max(1, len(cases) // users), block, until, t0,
+                    max_tokens, timeout_s)
+            for user in range(users)))
+    return block
+
+
+async def sample_replicas(dashboard: str, t0: float, out: list[dict[str, Any]],
+                          stop: asyncio.Event, every_s: float = 1.0) -> None:
+    """Replica counts per deployment from Serve's REST API, every `every_s` seconds."""
+    async with httpx.AsyncClient() as client:
+        while not stop.is_set():
+            try:
+                reply = await client.get(f"{dashboard}/api/serve/applications/", timeout=5)
+                counts: dict[str, int] = {}
+                for app in reply.json().get("applications", {}).values():
+                    for name, dep in (app.get("deployments") or {}).items():
+                        counts[name] = sum(
+                            1 for r in dep.get("replicas") or [] if r.get("state") == "RUNNING")
+                out.append({"t_s": time.monotonic() - t0, "replicas": counts})
+            except (httpx.HTTPError, ValueError):
+                pass
+            try:
+                await asyncio.wait_for(stop.wait(), every_s)
+            except TimeoutError:
+                pass
+
+
+async def run(url: str, levels: Sequence[int], duration_s: float, cases: Sequence[BfclCase],
+              max_tokens: int, timeout_s: float, dashboard: str | None,
+              say: Any = print) -> dict[str, Any]:
+    t0 = time.monotonic()
+    replicas: list[dict[str, Any]] = []
+    stop = asyncio.Event()
+    sampler = (asyncio.create_task(sample_replicas(dashboard, t0, replicas, stop))
+               if dashboard else None)
+    blocks: list[Block] = []
+    try:
+        for users, mode in block_order(levels):
+            say(f"concurrency: {users} users, {mode}, {duration_s:.0f} s")
+            blocks.append(await run_block(url, cases, users, mode, duration_s, t0, max_tokens,
+                                          timeout_s))
+    finally:
+        stop.set()
+        if sampler is not None:
+            await sampler
+    return {"summaries": [b.summary() for b in blocks],
+            "samples": [asdict(s) for b in blocks for s in b.samples],
+            "replicas": replicas}
+
+
+def format_table(summaries: Sequence[dict[str, Any]]) -> str:
+    lines = ["| users | mode | finished | errors | req/s | tokens/s | p50 ms | p95 ms | "
+             "main passes (median) |", "|---|---|---|---|---|---|---|---|---|"]
+    for s in sorted(summaries, key=lambda s: (s["users"], MODES.index(s["mode"]))):
+        lines.append(
+            f"| {s['users']} | {s['mode']} | {s['finished']} | {s['errors']} | "
+            f"{s['requests_per_s']:.3f} | {s['tokens_per_s']:.1f} | {_ms(s['p50_ms'])} | "
+            f"{_ms(s['p95_ms'])} | {s['main_steps_median'] if s['main_steps_median'] else '-'} |")
+    return "\n".join(lines)
+
+
+def versus_plain(summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per level: ooo's throughput and median latency against plain's."""
+    by = {(s["users"], s["mode"]): s for s in summaries}
+    rows = []
+    for users in sorted({s["users"] for s in summaries}):
+        plain, ooo = by.get((users, "plain")), by.get((users, "ooo"))
+        if plain is None or ooo is None:
+            continue
+        rows.append({
+            "users": users,
+            "throughput_ratio": _ratio(ooo["requests_per_s"], plain["requests_per_s"]),
+            "tokens_ratio": _ratio(ooo["tokens_per_s"], plain["tokens_per_s"]),
+            "p50_speedup": _ratio(plain["p50_ms"], ooo["p50_ms"]),
+        })
+    return rows
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if not a or not b else a / b
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def plot(path: Path, result: dict[str, Any]) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (lat, reps) = plt.subplots(2, 1, figsize=(11, 6.5), sharex=True,
+                                    gridspec_kw={"height_ratios": [3, 1.4]})
+    for mode, marker in zip(MODES, ("o", "^"), strict=True):
+        points = [s for s in result["samples"] if s["mode"] == mode and s["error"] is None]
+        lat.scatter([p["start_s"] for p in points], [p["e2e_ms"] for p in points], s=10,
+                    marker=marker, label=mode, alpha=0.7)
+    for s in result["summaries"]:
+        first = min((p["start_s"] for p in result["samples"]
+                     if p["mode"] == s["mode"] and p["users"] == s["users"]), default=None)
+        if first is not None:
+            lat.annotate(f"{s['users']}u {s['mode']}", (first, 0), xytext=(0, 4),
+                         textcoords="offset points", fontsize=7)
+    lat.set_ylabel("end-to-end latency (ms)")
+    lat.set_yscale("log")
+    lat.grid(alpha=0.3)
+    lat.legend()
+    names = sorted({n for r in result["replicas"] for n in r["replicas"]})
+    for name in names:
+        reps.step([r["t_s"] for r in result["replicas"]],
+                  [r["replicas"].get(name, 0) for r in result["replicas"]], where="post",
+                  label=name)
+    reps.set_ylabel("replicas")
+    reps.set_xlabel("time since start (s)")
+    reps.grid(alpha=0.3)
+    if names:
+        reps.legend(fontsize=7, ncol=min(len(names), 5))
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", default="http://127.0.0.1:8000")
+    parser.add_argument("--users", default="1,4,16", help="concurrency levels, comma-separated")
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds per block")
+    parser.add_argument("--categories", default="simple_python,multiple")
+    parser.add_argument("--limit", type=int, default=100, help="cases per category")
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--dashboard", default=None,
+                        help="Ray dashboard URL, to sample replica counts (e.g. "
+                        "http://127.0.0.1:8265)")
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--plot", type=Path, default=None)
+    args = parser.parse_args(argv)
+    levels = [int(u) for u in args.users.split(",") if u.strip()]
+    cases = [c for cat in args.categories.split(",") for c in load_bfcl(cat.strip(), args.limit)]
+    result = asyncio.run(run(args.url, levels, args.duration, cases, args.max_tokens,
+                             args.timeout, args.dashboard))
+    print(format_table(result["summaries"]))
+    for row in versus_plain(result["summaries"]):
+        print(f"{row['users']:>3} users: ooo/plain throughput {row['throughput_ratio'] or 0:.2f}x"
+              f", tokens/s {row['tokens_ratio'] or 0:.2f}x, median latency "
+              f"{row['p50_speedup'] or 0:.2f}x lower")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    if args.plot:
+        plot(args.plot, result)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
