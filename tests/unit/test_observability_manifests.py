@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 import yaml
-
 from ray.autoscaler._private.constants import AUTOSCALER_METRIC_PORT
 
 from app import telemetry
