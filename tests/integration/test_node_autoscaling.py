@@ -164,14 +164,16 @@ class Probe:
         env.update({"RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1",
                     "AUTOSCALER_METRIC_PORT": str(self.autoscaler_metrics)})
         ray_cli = str(Path(sys.executable).parent / "ray")
-        subprocess.run(
-            [ray_cli, "start", "--head", "--node-ip-address=127.0.0.1",
-             f"--port={self.gcs}", f"--temp-dir={self.workdir / 'ray'}",
-             f"--autoscaling-config={path}", "--num-cpus=0", "--include-dashboard=false",
-             f"--dashboard-port={self.dashboard}", f"--ray-client-server-port={self.client}",
-             f"--dashboard-agent-listen-port={self.agent}",
-             f"--metrics-export-port={self.metrics}", "--disable-usage-stats"],
-            env=env, check=True, timeout=STEP_TIMEOUT_S, capture_output=True)
+        # To a file, not a pipe: the daemons it starts would hold a pipe open.
+        with open(self.workdir / "ray-start.log", "wb") as log:
+            subprocess.run(
+                [ray_cli, "start", "--head", "--node-ip-address=127.0.0.1",
+                 f"--port={self.gcs}", f"--temp-dir={self.workdir / 'ray'}",
+                 f"--autoscaling-config={path}", "--num-cpus=0", "--include-dashboard=false",
+                 f"--dashboard-port={self.dashboard}", f"--ray-client-server-port={self.client}",
+                 f"--dashboard-agent-listen-port={self.agent}",
+                 f"--metrics-export-port={self.metrics}", "--disable-usage-stats"],
+                env=env, check=True, timeout=STEP_TIMEOUT_S, stdout=log, stderr=log)
 
     def nodes(self) -> dict[str, int]:
         """Alive worker nodes per pool (by the pool resource each offers)."""
@@ -302,17 +304,19 @@ def probe_log() -> dict[str, Any]:
     config_in.write_text(json.dumps({"node_types": node_types(),
                                      "actor_options": main_actor_options()}))
     out = workdir / "log.json"
+    output = workdir / "probe.log"  # a file: Ray's daemons inherit the probe's stdout
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.integration.test_node_autoscaling",
-         str(workdir), str(config_in), str(out)],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        start_new_session=True)  # its own process group: everything it starts ends with it
+    with open(output, "wb") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.integration.test_node_autoscaling",
+             str(workdir), str(config_in), str(out)],
+            cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT,
+            start_new_session=True)  # its own process group: everything it starts ends with it
     try:
-        output, _ = proc.communicate(timeout=PROBE_TIMEOUT_S)
+        proc.wait(timeout=PROBE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        output = b"(timed out)"
+        pass
     finally:
         end_process_group(proc)
         proc.wait(timeout=30)
@@ -324,7 +328,7 @@ def probe_log() -> dict[str, Any]:
             pass
     log: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
     assert proc.returncode == 0 and log.get("ok"), (
-        f"probe failed (rc={proc.returncode}):\n{output.decode(errors='replace')[-6000:]}\n"
+        f"probe failed (rc={proc.returncode}):\n{output.read_text(errors='replace')[-6000:]}\n"
         f"{json.dumps(log)[-4000:]}")
     assert not leftovers, f"processes outlived the probe's process group: {leftovers}"
     return log
