@@ -22,6 +22,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -331,6 +332,7 @@ def probe_log() -> dict[str, Any]:
         f"probe failed (rc={proc.returncode}):\n{output.read_text(errors='replace')[-6000:]}\n"
         f"{json.dumps(log)[-4000:]}")
     assert not leftovers, f"processes outlived the probe's process group: {leftovers}"
+    shutil.rmtree(workdir, ignore_errors=True)  # kept when the probe failed, to read its logs
     return log
 
 
