@@ -266,6 +266,24 @@ def autoscale_url(app_url: str, serve_config: dict[str, Any]) -> Iterator[str]:
         local.wait_ready(app_url)
 
 
+def summary(sampler: Sampler, burst: list[Outcome], trickle: list[Outcome]) -> str:
+    """What happened, for the log (`pytest -s`): replica counts when they changed, requests."""
+    t0 = sampler.samples[0][0] if sampler.samples else 0.0
+    lines, last = [], None
+    for t, states in sampler.samples:
+        counts = {n: f"{s.count('RUNNING')}/{len(s)}" for n, s in sorted(states.items())}
+        if counts != last:
+            lines.append(f"  {t - t0:6.1f} s  running/all: {counts}")
+            last = counts
+    for name, outcomes in (("burst", burst), ("trickle", trickle)):
+        took = sorted(o.ended - o.started for o in outcomes)
+        if took:
+            lines.append(f"  {name}: {len(outcomes)} requests "
+                         f"({sum(o.stream for o in outcomes)} streamed), "
+                         f"p50 {took[len(took) // 2]:.1f} s, max {took[-1]:.1f} s")
+    return "autoscaling:\n" + "\n".join(lines)
+
+
 # --- the test ----------------------------------------------------------------------------------
 
 
@@ -304,6 +322,7 @@ def test_burst_scales_up_then_down_without_loss(autoscale_url: str) -> None:
                  lambda: all(s == ["RUNNING"] for s in sampler.latest().values()),
                  SCALE_DOWN_TIMEOUT_S, every_s=0.5)
 
+    print(summary(sampler, burst.outcomes, trickle.outcomes))
     # Every request of the burst and after it: 200 and token-identical to plain decoding.
     outcomes = burst.outcomes + trickle.outcomes
     failed = [o for o in outcomes if not isinstance(o.result, Answer)]
