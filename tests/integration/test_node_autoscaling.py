@@ -132,6 +132,12 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
+def ray_ip() -> str:
+    from ray.util import get_node_ip_address
+
+    return str(get_node_ip_address())
+
+
 def parse_gauges(text: str, name: str) -> dict[str, float]:
     """NodeType -> value of one autoscaler gauge in Prometheus text format."""
     found: dict[str, float] = {}
@@ -154,11 +160,13 @@ class Probe:
         self.actor_options: dict[str, Any] = config_in["actor_options"]
         (self.gcs, self.client, self.dashboard, self.agent, self.metrics,
          self.autoscaler_metrics) = free_ports(6)
+        # This machine's address, which Ray's nodes register under (even given 127.0.0.1).
+        self.ip = str(ray_ip())
         self.log: dict[str, Any] = {"samples": [], "steps": []}
         self.t0 = time.monotonic()
 
     def start_head(self) -> None:
-        config = cluster_config(self.types, f"127.0.0.1:{self.gcs}")
+        config = cluster_config(self.types, f"{self.ip}:{self.gcs}")
         path = self.workdir / "autoscaling.json"
         path.write_text(json.dumps(config))
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
@@ -168,8 +176,8 @@ class Probe:
         # To a file, not a pipe: the daemons it starts would hold a pipe open.
         with open(self.workdir / "ray-start.log", "wb") as log:
             subprocess.run(
-                [ray_cli, "start", "--head", "--node-ip-address=127.0.0.1",
-                 f"--port={self.gcs}", f"--temp-dir={self.workdir / 'ray'}",
+                [ray_cli, "start", "--head", f"--port={self.gcs}",
+                 f"--temp-dir={self.workdir / 'ray'}",
                  f"--autoscaling-config={path}", "--num-cpus=0", "--include-dashboard=false",
                  f"--dashboard-port={self.dashboard}", f"--ray-client-server-port={self.client}",
                  f"--dashboard-agent-listen-port={self.agent}",
@@ -189,7 +197,7 @@ class Probe:
         return counts
 
     def sample(self) -> dict[str, Any]:
-        text = httpx.get(f"http://127.0.0.1:{self.autoscaler_metrics}/metrics", timeout=5).text
+        text = httpx.get(f"http://{self.ip}:{self.autoscaler_metrics}/metrics", timeout=5).text
         entry = {"t_s": round(time.monotonic() - self.t0, 1), "nodes": self.nodes(),
                  "active": parse_gauges(text, "autoscaler_active_nodes"),
                  "pending": parse_gauges(text, "autoscaler_pending_nodes"),
@@ -228,7 +236,7 @@ class Probe:
         from ray import serve
 
         self.start_head()
-        ray.init(address=f"127.0.0.1:{self.gcs}", log_to_driver=False)
+        ray.init(address=f"{self.ip}:{self.gcs}", log_to_driver=False)
         self.log["head"] = self.nodes()
         serve.start(proxy_location="Disabled")
 
@@ -308,6 +316,9 @@ def probe_log() -> dict[str, Any]:
     output = workdir / "probe.log"  # a file: Ray's daemons inherit the probe's stdout
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    # `ray start` turns token authentication on by default, which the local drivers of these
+    # tests do not use: this private, loopback-only cluster runs without, like ray.init's.
+    env["RAY_AUTH_MODE"] = "disabled"
     with open(output, "wb") as sink:
         proc = subprocess.Popen(
             [sys.executable, "-m", "tests.integration.test_node_autoscaling",
