@@ -85,6 +85,8 @@ def cluster_config(types: dict[str, dict[str, Any]], gcs_address: str) -> dict[s
             "type": "fake_multinode",
             # Workers join this head, not the default 6379 (another Ray's, maybe).
             "gcs_address": gcs_address,
+            # Every fake node has this machine's IP: the autoscaler tells them apart by id.
+            "use_node_id_as_ip": True,
             "disable_launch_config_check": True,
             "disable_node_updaters": True,
         },
