@@ -97,7 +97,8 @@ def _serve(args: argparse.Namespace) -> int:
         config.setdefault("http_options", {})["port"] = args.port
     started = time.monotonic()
     _to_stderr(f"ooo-spec: starting local Ray and deploying {args.config} ...")
-    url = local.start(config, metrics_export_port=args.metrics_port)
+    url = local.start(config, metrics_export_port=args.metrics_port,
+                      dashboard_port=args.dashboard_port)
     _to_stderr(f"ooo-spec: ready in {time.monotonic() - started:.0f} s at {url}/v1")
     _to_stderr("Try:\n" + EXAMPLE.format(url=url))
     _to_stderr("Ctrl-C stops the server.")
@@ -129,6 +130,10 @@ def add_serve_command(subparsers: Subparsers) -> None:
                        "(default: a free port Ray picks)")
     serve.add_argument("--port", type=int, default=None,
                        help="HTTP port instead of the config's http_options.port")
+    serve.add_argument("--dashboard-port", type=int, default=None,
+                       help="start Ray's dashboard on 127.0.0.1 at this port (e.g. 8265): "
+                       "`serve status` and the replica counts of load_tests.concurrency "
+                       "--dashboard read it (default: no dashboard)")
     serve.set_defaults(func=_serve)
 
 

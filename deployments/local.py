@@ -39,12 +39,15 @@ def start(
     *,
     env: Mapping[str, str] | None = None,
     metrics_export_port: int | None = None,
+    dashboard_port: int | None = None,
 ) -> str:
     """Deploy every application of the config; return the base URL once /healthz answers.
 
     `env`: more environment for the replicas (e.g. OTEL_* for a trace receiver).
     `metrics_export_port`: where Ray's Prometheus endpoint listens (default: a free port Ray
-    picks); both only apply when this call starts Ray."""
+    picks). `dashboard_port`: start Ray's dashboard there, on 127.0.0.1 (`serve status`, its
+    Serve page and REST API, e.g. for load_tests/concurrency.py's replica counts); none by
+    default. All three only apply when this call starts Ray."""
     import ray
     from ray import serve
 
@@ -53,7 +56,9 @@ def start(
     if not ray.is_initialized():
         ray.init(
             num_cpus=num_cpus or os.cpu_count() or 2,
-            include_dashboard=False,
+            include_dashboard=dashboard_port is not None,
+            dashboard_host="127.0.0.1",
+            dashboard_port=dashboard_port,
             runtime_env={"env_vars": {**_replica_env(root), **(env or {})}},
             _metrics_export_port=metrics_export_port,
             log_to_driver=os.environ.get("OOO_SPEC_RAY_LOGS", "0") == "1",

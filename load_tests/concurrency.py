@@ -19,9 +19,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,13 +127,27 @@ async def run_block(url: str, cases: Sequence[BfclCase], users: int, mode: str,
     return block
 
 
+def dashboard_headers(env: Mapping[str, str], home: Path) -> dict[str, str]:
+    """Ray's token for its dashboard, where Ray keeps it (RAY_AUTH_TOKEN, the file named by
+    RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token): Ray 2.5x turns token authentication on for
+    clusters it starts, and the dashboard then answers 401 without it."""
+    token = env.get("RAY_AUTH_TOKEN", "").strip()
+    if not token:
+        path = Path(env["RAY_AUTH_TOKEN_PATH"]) if env.get("RAY_AUTH_TOKEN_PATH") else (
+            home / ".ray" / "auth_token")
+        token = path.read_text().strip() if path.is_file() else ""
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 async def sample_replicas(dashboard: str, t0: float, out: list[dict[str, Any]],
                           stop: asyncio.Event, every_s: float = 1.0) -> None:
     """Replica counts per deployment from Serve's REST API, every `every_s` seconds."""
-    async with httpx.AsyncClient() as client:
+    headers = dashboard_headers(os.environ, Path.home())
+    async with httpx.AsyncClient(headers=headers) as client:
         while not stop.is_set():
             try:
                 reply = await client.get(f"{dashboard}/api/serve/applications/", timeout=5)
+                reply.raise_for_status()
                 counts: dict[str, int] = {}
                 for app in reply.json().get("applications", {}).values():
                     for name, dep in (app.get("deployments") or {}).items():
@@ -272,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")
+    if args.dashboard and not result["replicas"]:
+        print(f"no replica counts from {args.dashboard} (is it Ray's dashboard, and is its "
+              "token in RAY_AUTH_TOKEN or ~/.ray/auth_token?)")
     if args.plot:
         plot(args.plot, result)
     return 0

@@ -1,6 +1,14 @@
 from pathlib import Path
 
-from load_tests.concurrency import Block, Sample, block_order, format_table, plot, versus_plain
+from load_tests.concurrency import (
+    Block,
+    Sample,
+    block_order,
+    dashboard_headers,
+    format_table,
+    plot,
+    versus_plain,
+)
 
 
 def _block(mode: str, users: int, latencies: list[float], errors: int = 0) -> Block:
@@ -40,3 +48,19 @@ def test_plot_has_latency_and_replicas(tmp_path: Path) -> None:
                            {"t_s": 5.0, "replicas": {"MainModel": 2}}]}
     path = plot(tmp_path / "c.png", result)
     assert path.stat().st_size > 10_000
+
+
+def test_dashboard_token_from_env_then_file_then_home(tmp_path: Path) -> None:
+    """Ray's dashboard answers 401 without its token once Ray enables token auth (issue #21)."""
+    home = tmp_path / "home"
+    assert dashboard_headers({}, home) == {}
+    (home / ".ray").mkdir(parents=True)
+    (home / ".ray" / "auth_token").write_text("from-home\n")
+    assert dashboard_headers({}, home) == {"Authorization": "Bearer from-home"}
+    named = tmp_path / "token"
+    named.write_text("from-path")
+    assert dashboard_headers({"RAY_AUTH_TOKEN_PATH": str(named)}, home) == {
+        "Authorization": "Bearer from-path"}
+    assert dashboard_headers({"RAY_AUTH_TOKEN": "from-env", "RAY_AUTH_TOKEN_PATH": str(named)},
+                             home) == {"Authorization": "Bearer from-env"}
+

@@ -901,6 +901,8 @@ def test_network_policies_deny_by_default_and_admit_only_the_expected_peers(
         assert admitted(objects, labels, 8000) == {RAY_PODS, ingress}
         assert admitted(objects, labels, 8080) == {RAY_PODS, monitoring}
     assert admitted(objects, head, 8265) == {RAY_PODS, operator}
+    # The autoscaler's metrics (pending nodes, issue #21): Prometheus reaches the head's too.
+    assert admitted(objects, head, 44217) == {RAY_PODS, monitoring}
     for labels in workers:
         assert admitted(objects, labels, 8265) == {RAY_PODS}
 
@@ -913,7 +915,7 @@ def test_network_policies_deny_by_default_and_admit_only_the_expected_peers(
     # The ports the checks name are the ones the pods serve.
     head_ports = {p["containerPort"] for p in cluster["headGroupSpec"]["template"]["spec"][
         "containers"][0]["ports"]}
-    assert {6379, 8265, 10001, 8000, 8080} <= head_ports
+    assert {6379, 8265, 10001, 8000, 8080, 44217} <= head_ports
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")

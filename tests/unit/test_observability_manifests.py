@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
+from ray.autoscaler._private.constants import AUTOSCALER_METRIC_PORT
 
 from app import telemetry
 from tests.unit.test_k8s_manifests import OVERLAYS, rendered, the
@@ -48,6 +49,46 @@ def test_dashboard_charts_every_metric_by_its_exported_name() -> None:
     assert charted == {m.name for m in telemetry.METRICS}
 
 
+def serve_metric_names() -> set[str]:
+    """The controller's gauges as Ray exports them (`ray_` prefix), read from Serve's source."""
+    import ray.serve._private.deployment_state as deployment_state
+
+    source = Path(deployment_state.__file__).read_text()
+    return {f"ray_{n}" for n in re.findall(r'metrics\.Gauge\(\s*"(serve_\w+)"', source)}
+
+
+def autoscaler_metric_names() -> set[str]:
+    """What the Ray autoscaler's own Prometheus endpoint exports (no `ray_` prefix)."""
+    import prometheus_client
+    from ray.autoscaler._private.prom_metrics import AutoscalerPrometheusMetrics
+
+    metrics = AutoscalerPrometheusMetrics(session_name="test")
+    metrics.pending_nodes.labels(NodeType="main", SessionName="test").set(1)
+    metrics.active_nodes.labels(NodeType="main", SessionName="test").set(1)
+    text = prometheus_client.generate_latest(metrics.registry).decode()
+    return set(re.findall(r"^# TYPE (\w+) ", text, flags=re.M))
+
+
+def test_dashboard_charts_replicas_and_pending_nodes_by_their_exported_names() -> None:
+    """Issue #21: replicas per deployment (Serve's own gauges) and pending and active nodes per
+    worker group (the autoscaler's), under the names Ray exports them."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    serve_names, autoscaler_names = serve_metric_names(), autoscaler_metric_names()
+    assert {"ray_serve_deployment_replica_healthy", "ray_serve_autoscaling_target_replicas"} <= (
+        serve_names)
+    assert {"autoscaler_pending_nodes", "autoscaler_active_nodes"} <= autoscaler_names
+    charted = {name for expr in expressions(dashboard)
+               for name in re.findall(r"\b(?:ray_serve|autoscaler)_\w+", expr)}
+    assert charted <= serve_names | autoscaler_names, charted - serve_names - autoscaler_names
+    by_title = {p["title"]: [t["expr"] for t in p["targets"]] for p in dashboard["panels"]}
+    replicas = by_title["Replicas per deployment"]
+    assert any(re.search(r"sum by \(deployment\) \(ray_serve_deployment_replica_healthy", e)
+               for e in replicas), replicas
+    nodes = by_title["Ray nodes: pending and active per pool"]
+    for name in ("autoscaler_pending_nodes", "autoscaler_active_nodes"):
+        assert any(f"by (NodeType) ({name}" in e for e in nodes), nodes
+
+
 def test_dashboard_is_importable() -> None:
     dashboard = json.loads(DASHBOARD.read_text())
     assert dashboard["uid"] and dashboard["title"]
@@ -68,16 +109,19 @@ def test_pod_monitor_scrapes_ray_metrics_on_every_ray_pod(overlay: str) -> None:
     monitor = yaml.safe_load(POD_MONITOR.read_text())
     assert monitor["kind"] == "PodMonitor"
     selector = monitor["spec"]["selector"]["matchLabels"]
-    [endpoint] = monitor["spec"]["podMetricsEndpoints"]
+    endpoint, autoscaler = monitor["spec"]["podMetricsEndpoints"]
     objects = rendered(overlay)
     cluster = the(objects, "RayService")["spec"]["rayClusterConfig"]
-    templates = [cluster["headGroupSpec"]["template"]] + [
-        g["template"] for g in cluster["workerGroupSpecs"]]
+    head = cluster["headGroupSpec"]["template"]
+    templates = [head] + [g["template"] for g in cluster["workerGroupSpecs"]]
     for template in templates:
         assert selector.items() <= template["metadata"]["labels"].items()
         ports = {p["name"]: p["containerPort"] for p in template["spec"]["containers"][0]["ports"]}
         # 8080: KubeRay's default --metrics-export-port, where Ray serves /metrics.
         assert ports.get(endpoint["port"]) == 8080
+    # The autoscaler's metrics (pending nodes): its default port, named on the head only.
+    head_ports = {p["name"]: p["containerPort"] for p in head["spec"]["containers"][0]["ports"]}
+    assert head_ports.get(autoscaler["port"]) == AUTOSCALER_METRIC_PORT
     # Jaeger is not a Ray pod: the monitor must not select it.
     jaeger = the(objects, "Deployment", "jaeger")["spec"]["template"]["metadata"]["labels"]
     assert not selector.items() <= jaeger.items()
