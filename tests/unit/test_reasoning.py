@@ -95,7 +95,8 @@ class _Engine:
         self.speculation = object()
 
     async def stream(self, prompt: list[int], sampling: dict[str, Any], speculate: bool,
-                     on_start: Any, realign: bool = True) -> AsyncIterator[StepDelta]:
+                     on_start: Any, realign: bool = True,
+                     cache_salt: str | None = None) -> AsyncIterator[StepDelta]:
         on_start("req-1")
         await asyncio.sleep(0.01)  # the prediction arrives while the model thinks
         for i, text in enumerate(self.deltas):
