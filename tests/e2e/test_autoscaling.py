@@ -51,7 +51,8 @@ def body(key: str, *, ooo: bool, stream: bool) -> dict[str, Any]:
         "messages": [{"role": "user", "content": f"Look up the record '{key}'."}],
         "tools": [tool], "tool_choice": {"type": "function", "function": {"name": "slow_lookup"}},
         "temperature": 0, "max_tokens": 48,
-        "ooo_spec": {"enabled": ooo, "execute_tools": True, "max_steps": 1},
+        "ooo_spec": {"enabled": ooo, "execute_tools": True, "max_steps": 1,
+                     "server_tools": True},  # the server runs slow_lookup (opt-in)
     }
     if stream:
         request["stream"] = True
