@@ -67,7 +67,15 @@ def vllm_calls(name: str, text: str) -> list[tuple[str, Any]] | None:
     result = parser.extract_tool_calls(text, vllm_request())
     if not result.tools_called:
         return None
-    return [(c.function.name, json.loads(c.function.arguments)) for c in result.tool_calls]
+    return [(c.function.name, _as_object(json.loads(c.function.arguments)))
+            for c in result.tool_calls]
+
+
+def _as_object(arguments: Any) -> Any:
+    """A known, deliberate difference: arguments that are not a JSON object (a weak model's
+    `"arguments": []`) are read as no arguments here, while vLLM passes them on as they are
+    (a call whose arguments are not an object is invalid for every tool schema anyway)."""
+    return arguments if isinstance(arguments, dict) else {}
 
 
 @cache
