@@ -38,8 +38,8 @@ from app.api.agent_loop import (
 from app.api.errors import ApiError, describe_validation_errors
 from app.api.limits import (
     check_body_depth,
+    check_output_schema,
     check_request,
-    check_tool_schema,
     json_object_body,
 )
 from app.api.openai_models import (
@@ -89,12 +89,7 @@ def parse_request(
                        code="too_many_choices")
     schema = request.output_schema
     if schema is not None:
-        if limits is not None:
-            check_tool_schema("response_format", schema, limits)
-        problem = check_schema(schema)
-        if problem:
-            raise ApiError(400, f"response_format has a schema that is not a valid JSON "
-                           f"Schema: {problem}", param="response_format")
+        check_output_schema(schema, limits)
     for tool in request.tools or []:
         problem = check_schema(tool.function.parameters)
         if problem:

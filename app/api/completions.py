@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from app.api.chat_service import sse
 from app.api.errors import ApiError, describe_validation_errors
-from app.api.limits import check_body_depth, check_tool_schema, json_object_body, with_deadline
+from app.api.limits import check_body_depth, check_output_schema, json_object_body, with_deadline
 from app.api.openai_models import (
     ChatCompletionRequest,
     MainReport,
@@ -30,7 +30,6 @@ from app.api.openai_models import (
 )
 from app.api.output_format import ResponseFormat
 from app.config import LimitsConfig
-from app.spec.validation import check_schema
 
 Prompt = str | list[int]
 # One choice's main-model events: the deployment's `generate` with a raw prompt.
@@ -125,11 +124,7 @@ def parse_completion_request(
                        code="too_many_choices")
     schema = request.response_format.output_schema() if request.response_format else None
     if schema is not None:
-        check_tool_schema("response_format", schema, limits)
-        problem = check_schema(schema)
-        if problem:
-            raise ApiError(400, f"response_format has a schema that is not a valid JSON "
-                           f"Schema: {problem}", param="response_format")
+        check_output_schema(schema, limits)
     return request
 
 

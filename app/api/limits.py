@@ -17,6 +17,7 @@ from app.api.errors import ApiError
 from app.api.openai_models import ChatCompletionRequest
 from app.config import LimitsConfig
 from app.spec.schema_limits import expansion_size, pattern_problem, schema_patterns
+from app.spec.validation import check_schema
 
 T = TypeVar("T")
 
@@ -266,3 +267,14 @@ async def with_deadline(events: AsyncIterator[T], seconds: float) -> AsyncGenera
         closer = getattr(events, "aclose", None)
         if closer is not None:
             await closer()
+
+
+def check_output_schema(schema: dict[str, Any], limits: LimitsConfig | None) -> None:
+    """A `response_format` JSON schema: the tool-schema limits (when given), then a valid
+    JSON Schema; a 400 naming `response_format` otherwise."""
+    if limits is not None:
+        check_tool_schema("response_format", schema, limits)
+    problem = check_schema(schema)
+    if problem:
+        raise ApiError(400, f"response_format has a schema that is not a valid JSON "
+                       f"Schema: {problem}", param="response_format")
