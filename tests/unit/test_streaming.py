@@ -17,7 +17,8 @@ from app.engine.tool_formats import get_format
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}}}}
-CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>'
+CALL = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n'
+        "</tool_call>")
 
 
 def request(**extra: Any) -> ChatCompletionRequest:
