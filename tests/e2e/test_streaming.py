@@ -28,6 +28,11 @@ TEXT_THEN_CALL = [
 ]
 
 
+# Plain decoding, one token per step, so "in pieces" is certain: with speculation a hit can
+# accept a whole call in one step (one delta). The forced test runs both ways.
+PLAIN = {"ooo_spec": {"enabled": False}}
+
+
 def create(client: Any, **kw: Any) -> Any:
     return client.chat.completions.create(model=MODEL, temperature=0, **kw)
 
@@ -60,7 +65,7 @@ def accumulate(chunks: list[Any]) -> dict[str, Any]:
 
 def test_text_streams_in_pieces_with_tools_offered(openai_client: Any) -> None:
     ask = {"messages": [{"role": "user", "content": "Say hello to Paris in one sentence."}],
-           "tools": [WEATHER], "tool_choice": "auto", "max_tokens": 24}
+           "tools": [WEATHER], "tool_choice": "auto", "max_tokens": 24, "extra_body": PLAIN}
     whole = create(openai_client, **ask)
     assert not whole.choices[0].message.tool_calls
     chunks = list(create(openai_client, stream=True, **ask))
@@ -73,7 +78,7 @@ def test_text_streams_in_pieces_with_tools_offered(openai_client: Any) -> None:
 
 def test_text_then_a_call_in_auto_mode(openai_client: Any) -> None:
     ask = {"messages": TEXT_THEN_CALL, "tools": [WEATHER], "tool_choice": "auto",
-           "max_tokens": 64}
+           "max_tokens": 64, "extra_body": PLAIN}
     whole = create(openai_client, **ask)
     print("WHOLE", whole.choices[0].message)
     chunks = list(create(openai_client, stream=True, stream_options={"include_usage": True},
@@ -92,11 +97,11 @@ def test_text_then_a_call_in_auto_mode(openai_client: Any) -> None:
     assert chunks[-1].usage is not None and "ooo_spec" in chunks[-1].model_extra
 
 
-def check_calls(got: dict[str, Any], tool_calls: Any) -> None:
+def check_calls(got: dict[str, Any], tool_calls: Any, pieces: bool = True) -> None:
     """The streamed calls are the non-streamed ones; each call's arguments came in pieces."""
     assert [c["name"] for c in got["calls"].values()] == [t.function.name for t in tool_calls]
     for call, whole in zip(got["calls"].values(), tool_calls, strict=True):
-        assert len(call["arguments"]) > 1
+        assert len(call["arguments"]) > 1 or not pieces
         joined = "".join(call["arguments"])
         assert joined == whole.function.arguments
         assert json.loads(joined) == json.loads(whole.function.arguments)
@@ -104,12 +109,16 @@ def check_calls(got: dict[str, Any], tool_calls: Any) -> None:
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function",
                                                  "function": {"name": "get_weather"}}])
-def test_forced_call_streams_its_arguments_in_pieces(openai_client: Any, choice: Any) -> None:
-    ask = {"messages": MESSAGES, "tools": [WEATHER], "tool_choice": choice, "max_tokens": 64}
+@pytest.mark.parametrize("speculate", [False, True])
+def test_forced_call_streams_its_arguments_in_pieces(
+    openai_client: Any, choice: Any, speculate: bool
+) -> None:
+    ask = {"messages": MESSAGES, "tools": [WEATHER], "tool_choice": choice, "max_tokens": 64,
+           "extra_body": {"ooo_spec": {"enabled": speculate}}}
     whole = create(openai_client, **ask)
     chunks = list(create(openai_client, stream=True, **ask))
     got = accumulate(chunks)
-    check_calls(got, whole.choices[0].message.tool_calls)
+    check_calls(got, whole.choices[0].message.tool_calls, pieces=not speculate)
     assert not got["content"]
     last = chunks[-1]
     assert last.choices[0].finish_reason == whole.choices[0].finish_reason
