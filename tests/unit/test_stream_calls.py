@@ -301,8 +301,13 @@ def test_streams_agree_with_vllms_streaming_parser(
     fmt = get_format(name)
     if name in ("llama3_json", "pythonic"):
         prose = ""
+    if name == "pythonic":
+        # vLLM's pythonic stream sends a float's digits as partial JSON and breaks them
+        # (`1.1e+16` arrives as invalid JSON; its non-streamed parse, like ours, is right).
+        assume("." not in fmt.render(invocation) and "e+" not in fmt.render(invocation))
     text = prose + fmt.render(invocation)
     their_content, theirs = vllm_streamed(name, text)
     ours = stream_output(OutputStream("auto", fmt, None), text, 1)
     assert [(n, json.loads(a)) for n, a in ours["calls"]] == theirs, text
     assert ours["content"] == their_content.strip()  # hermes strips it (see hermes.py)
+
