@@ -52,6 +52,7 @@ from app.api.responses import (
 )
 from app.config import load_config
 from app.engine.history import TENANT_KEY
+from app.engine.tool_formats import get_format
 from app.spec.prediction import Prediction
 from app.tools.registry import DEFAULT_TIMEOUT_S, ToolResult, ToolSpec
 from deployments.metrics import ServeMetrics
@@ -332,8 +333,10 @@ class Router:
                 assert release is not None
                 held, release = release, None  # the stream owns the slot from here on
                 pairs = [s for pair in zip(replays, choices, strict=True) for s in pair]
-                return _owning_stream(stream_sse(request, replays, self.chat.model_name),
-                                      pairs, held)
+                engine = self.config.main.engine
+                sse = stream_sse(request, replays, self.chat.model_name,
+                                 get_format(engine.tool_format), engine.reasoning_parser)
+                return _owning_stream(sse, pairs, held)
             return JSONResponse(merge_completions(await _all_finals(choices)))
         finally:
             if release is not None:

@@ -50,6 +50,14 @@ from app.api.openai_models import (
     PredictionReport,
     TimingsReport,
 )
+from app.api.streaming import (  # noqa: F401 - moved there; importers of this module keep them
+    _choice_chunks,
+    _merged,
+    chunk,
+    merged_usage,
+    sse,
+    stream_sse,
+)
 from app.config import LimitsConfig, TelemetryConfig
 from app.engine.history import ANONYMOUS_TENANT, TENANT_KEY
 from app.engine.tool_format import new_call_id
@@ -552,147 +560,6 @@ def _logprobs(
     if not request.logprobs:
         return None
     return {"content": content or []}
-
-
-def sse(data: dict[str, Any] | str) -> str:
-    body = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
-    return f"data: {body}\n\n"
-
-
-def chunk(
-    completion_id: str, model: str, created: int, delta: dict[str, Any],
-    finish_reason: str | None = None, logprobs: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    return {
-        "id": completion_id,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason,
-                     "logprobs": logprobs}],
-    }
-
-
-async def _choice_chunks(
-    request: ChatCompletionRequest,
-    events: AsyncIterator[tuple[str, dict[str, Any]]],
-    head: tuple[str, str, int],
-) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-    """One choice's chunks (index 0): ('chunk', chunk) for the role, content deltas (or the
-    tool calls once parsed), then ('finish', finish chunk) and ('end', completion).
-
-    With tools in play the text is held back until the end: the client must see either
-    content or parsed tool calls, never raw `<tool_call>` markup."""
-    hold_text = request.effective_tool_choice != "none"
-    yield "chunk", chunk(*head, {"role": "assistant", "content": ""})
-    async for kind, event in events:
-        if kind == "delta":
-            if not hold_text:
-                yield "chunk", chunk(*head, {"content": event["text"]},
-                                     logprobs=_logprobs(request, event.get("logprobs")))
-            continue
-        choice = event["choices"][0]
-        message = choice["message"]
-        # Held text: the whole output's logprobs ride on its first chunk.
-        held = choice["logprobs"] if hold_text else None
-        if hold_text and message.get("content"):
-            yield "chunk", chunk(*head, {"content": message["content"]}, logprobs=held)
-            held = None
-        for index, call in enumerate(message.get("tool_calls") or []):
-            yield "chunk", chunk(*head, {"tool_calls": [{"index": index, **call}]},
-                                 logprobs=held)
-            held = None
-        yield "finish", chunk(*head, {}, choice["finish_reason"])
-        yield "end", event
-
-
-async def _merged(
-    streams: Sequence[AsyncIterator[tuple[str, dict[str, Any]]]],
-) -> AsyncIterator[tuple[int, str, dict[str, Any]]]:
-    """Items of several streams as they come, tagged with the stream's index."""
-    if len(streams) == 1:
-        async for kind, item in streams[0]:
-            yield 0, kind, item
-        return
-    queue: asyncio.Queue[tuple[int, str, Any]] = asyncio.Queue()
-
-    async def pump(index: int, stream: AsyncIterator[tuple[str, dict[str, Any]]]) -> None:
-        try:
-            async for kind, item in stream:
-                await queue.put((index, kind, item))
-            await queue.put((index, "done", None))
-        except BaseException as exc:
-            await queue.put((index, "raised", exc))
-            raise
-
-    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
-    try:
-        running = len(tasks)
-        while running:
-            index, kind, item = await queue.get()
-            if kind == "done":
-                running -= 1
-            elif kind == "raised":
-                raise item
-            else:
-                yield index, kind, item
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def stream_sse(
-    request: ChatCompletionRequest,
-    events: AsyncIterator[tuple[str, dict[str, Any]]]
-    | Sequence[AsyncIterator[tuple[str, dict[str, Any]]]],
-    model: str,
-) -> AsyncIterator[str]:
-    """OpenAI SSE: per choice a role chunk and content deltas (or the tool calls once parsed);
-    then the finish chunks, a usage chunk when asked, the `ooo_spec` object on the last
-    chunk, then `[DONE]`. `events`: one choice's events, or one per choice (`n` > 1)."""
-    streams = [events] if not isinstance(events, Sequence) else list(events)
-    completion_id = f"chatcmpl-{uuid.uuid4().hex}"
-    created = int(time.time())
-    head = (completion_id, model, created)
-    finishes: list[dict[str, Any]] = []
-    ends: list[dict[str, Any]] = []
-    try:
-        choices = [_choice_chunks(request, s, head) for s in streams]
-        async for index, kind, item in _merged(choices):
-            item["choices"] = [{**c, "index": index} for c in item.get("choices", [])]
-            if kind == "chunk":
-                yield sse(item)
-            elif kind == "finish":
-                finishes.append(item)
-            else:
-                ends.append(item)
-        finishes.sort(key=lambda c: c["choices"][0]["index"])
-        for finish in finishes[:-1]:
-            yield sse(finish)
-        last = finishes[-1]
-        include_usage = request.stream_options and request.stream_options.include_usage
-        if include_usage:
-            yield sse(last)
-            last = {**chunk(*head, {}), "choices": [], "usage": merged_usage(ends)}
-        last["ooo_spec"] = ends[0]["ooo_spec"]
-        yield sse(last)
-    except ApiError as err:
-        yield sse(err.body())
-    except Exception:  # the stream has started: report in-band, then close cleanly
-        # The details go to the log (and the request's span), never to the client.
-        logger.exception("chat completion stream failed")
-        yield sse({"error": {"message": "generation failed", "type": "server_error",
-                             "param": None, "code": None}})
-    yield sse("[DONE]")
-
-
-def merged_usage(completions: Sequence[dict[str, Any]]) -> dict[str, int]:
-    """Usage of `n` choices as vLLM counts it: the prompt once, every choice's completion."""
-    prompt = completions[0]["usage"]["prompt_tokens"]
-    generated = sum(c["usage"]["completion_tokens"] for c in completions)
-    return {"prompt_tokens": prompt, "completion_tokens": generated,
-            "total_tokens": prompt + generated}
 
 
 def merge_completions(completions: Sequence[dict[str, Any]]) -> dict[str, Any]:

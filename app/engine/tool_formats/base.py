@@ -9,7 +9,8 @@ format answers four questions:
   would write (`render`, one text per whitespace style the model is seen to use: `render_variants`);
 - where a call starts in free text (`start_marker`, `call_start`);
 - how a finished output splits into content and calls (`parse`), agreeing with vLLM's parser
-  of the same name (tests/unit/test_tool_formats.py checks each against it).
+  of the same name (tests/unit/test_tool_formats.py checks each against it), and how calls
+  are read while the output streams (`call_stream`, app/engine/tool_formats/incremental.py).
 
 Forced calls (`tool_choice: required` or a named tool) do not depend on the format: vLLM's
 structured outputs constrain them to JSON, and app/engine/tool_format.py renders and parses
@@ -21,7 +22,10 @@ from __future__ import annotations
 import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from app.engine.tool_formats.incremental import CallStream
 
 
 @dataclass
@@ -113,6 +117,10 @@ class ToolFormat(ABC):
         """True when `text` (a chat template's rendering of a past call) has a call in this
         format: how a template's own dialect is told apart from the configured one."""
         return self.start_marker in text
+
+    @abstractmethod
+    def call_stream(self) -> CallStream:
+        """A fresh reader of one output's calls as it streams, fed from `call_start` on."""
 
     @abstractmethod
     def parse(self, text: str) -> ParsedOutput:

@@ -17,6 +17,7 @@ from app.engine.tool_formats.base import (
     arguments_obj,
     tool_listing,
 )
+from app.engine.tool_formats.incremental import CallStream, TaggedCalls
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
@@ -45,6 +46,9 @@ class HermesFormat(ToolFormat):
 
     def render(self, calls: list[ParsedCall], style: dict[str, Any] | None = None) -> str:
         return "\n".join(call_block(c.name, c.arguments, style or {}) for c in calls)
+
+    def call_stream(self) -> CallStream:
+        return TaggedCalls(TOOL_CALL_OPEN)
 
     def parse(self, text: str) -> ParsedOutput:
         """Content and `<tool_call>` blocks. More lenient than vLLM's parser where the model

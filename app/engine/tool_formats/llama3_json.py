@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from app.engine.tool_formats.base import ParsedCall, ParsedOutput, ToolFormat, arguments_obj
+from app.engine.tool_formats.incremental import CallStream, LooseObjects
 
 PYTHON_TAG = "<|python_tag|>"
 
@@ -53,6 +54,9 @@ class Llama3JsonFormat(ToolFormat):
         if PYTHON_TAG.startswith(text):
             return "", False
         return text, False
+
+    def call_stream(self) -> CallStream:
+        return LooseObjects()
 
     def parse(self, text: str) -> ParsedOutput:
         """Every top-level JSON object is a call (`arguments` or `parameters`); if any `{`

@@ -13,6 +13,7 @@ import re
 from typing import Any, ClassVar
 
 from app.engine.tool_formats.base import ParsedCall, ParsedOutput, ToolFormat, arguments_obj
+from app.engine.tool_formats.incremental import CallList, CallStream
 
 TOOL_CALLS = "[TOOL_CALLS]"
 _LIST_RE = re.compile(r"\[{.*}\]", re.DOTALL)
@@ -42,6 +43,9 @@ class MistralFormat(ToolFormat):
         space = " " if style.pop("_space", False) else ""
         items = [{"name": c.name, "arguments": c.arguments} for c in calls]
         return TOOL_CALLS + space + json.dumps(items, ensure_ascii=False, **style)
+
+    def call_stream(self) -> CallStream:
+        return CallList(TOOL_CALLS)
 
     def parse(self, text: str) -> ParsedOutput:
         """Content before the first marker; the first JSON value after a marker holds the

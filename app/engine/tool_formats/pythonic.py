@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 from app.engine.tool_formats.base import ParsedCall, ParsedOutput, ToolFormat
+from app.engine.tool_formats.incremental import CallDelta, CallStream
 
 # Llama 3.2's own pythonic tool prompt.
 TOOL_PROMPT = (
@@ -57,6 +58,9 @@ class PythonicFormat(ToolFormat):
     def stream_content(self, text: str) -> tuple[str, bool]:
         """Like vLLM: an output that opens with `[` is a call list, any other is content."""
         return ("", True) if text.startswith("[") else (text, False)
+
+    def call_stream(self) -> CallStream:
+        return PythonicCalls()
 
     def parse(self, text: str) -> ParsedOutput:
         if not _LIST_START_RE.match(text):
@@ -124,3 +128,87 @@ def python_literal(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(python_literal(v) for v in value) + "]"
     return repr(value)  # str, int, float, bool, None
+
+
+# ----- streaming ----------------------------------------------------------------------
+_NAME_RE = re.compile(r"[A-Za-z_][\w.]*\Z")
+
+
+class PythonicCalls(CallStream):
+    """`[f(a=1), g(b='x')]`: a call's name when its `(` is written, its arguments (as JSON)
+    when its `)` is; strings are tracked so brackets inside them do not count."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pos = 0
+        self.depth = 0
+        self.quote: str | None = None  # the open string's quote (' " ''' \"\"\")
+        self.escaped = False
+        self.element = 0  # where the current list element starts
+        self.index: int | None = None
+        self.finished = False
+
+    def feed(self, piece: str) -> list[CallDelta]:
+        self.buffer += piece
+        deltas: list[CallDelta] = []
+        text = self.buffer
+        while self.pos < len(text) and not self.finished:
+            char = text[self.pos]
+            if self.quote is not None:
+                self._in_string(text)
+                continue
+            if char in "'\"":
+                triple = text[self.pos:self.pos + 3]
+                if len(triple) < 3 and len(text) - self.pos < 3:
+                    break  # a triple quote may be coming: wait for it
+                self.quote = triple if triple in ("'''", '"""') else char
+                self.pos += len(self.quote)
+                continue
+            if char in "([{":
+                if char == "(" and self.depth == 1:
+                    name = text[self.element:self.pos].strip()
+                    if _NAME_RE.match(name) and self.index is None:
+                        self.index, self.started = self.started, self.started + 1
+                        deltas.append(CallDelta(self.index, name=name))
+                self.depth += 1
+                if self.depth == 1:
+                    self.element = self.pos + 1
+            elif char in ")]}":
+                self.depth -= 1
+                if self.depth == 0:
+                    self._element_ended(text, deltas)
+                    self.finished = True
+            elif char == "," and self.depth == 1:
+                self._element_ended(text, deltas)
+                self.element = self.pos + 1
+            self.pos += 1
+        return deltas
+
+    def _in_string(self, text: str) -> None:
+        assert self.quote is not None
+        if self.escaped:
+            self.escaped = False
+            self.pos += 1
+        elif text[self.pos] == "\\":
+            self.escaped = True
+            self.pos += 1
+        elif text.startswith(self.quote, self.pos):
+            self.pos += len(self.quote)
+            self.quote = None
+        else:
+            self.pos += 1
+
+    def _element_ended(self, text: str, deltas: list[CallDelta]) -> None:
+        index, self.index = self.index, None
+        source = text[self.element:self.pos].strip()
+        if index is None or not source:
+            return
+        try:
+            call = _call(ast.parse(source, mode="eval").body)
+        except (SyntaxError, ValueError, TypeError, RecursionError):
+            return
+        arguments = json.dumps(call.arguments, ensure_ascii=False)
+        if deltas and deltas[-1].index == index:
+            deltas[-1].arguments += arguments
+        else:
+            deltas.append(CallDelta(index, arguments=arguments))
