@@ -44,6 +44,9 @@ class Sample:
     completion_tokens: int
     main_steps: int | None
     error: str | None = None
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    outcome: str | None = None  # ooo_spec.outcome: hit, miss, sidecar_late, disabled, ...
 
 
 @dataclass
@@ -58,6 +61,10 @@ class Block:
         latencies = sorted(s.e2e_ms for s in ok)
         tokens = sum(s.completion_tokens for s in ok)
         steps = [s.main_steps for s in ok if s.main_steps is not None]
+        outcomes: dict[str, int] = {}
+        for s in ok:
+            if s.outcome is not None:
+                outcomes[s.outcome] = outcomes.get(s.outcome, 0) + 1
         return {
             "mode": self.mode, "users": self.users, "finished": len(ok),
             "errors": len(self.samples) - len(ok),
@@ -66,6 +73,10 @@ class Block:
             "p50_ms": statistics.median(latencies) if latencies else None,
             "p95_ms": percentile(latencies, 0.95),
             "main_steps_median": statistics.median(steps) if steps else None,
+            "main_steps_total": sum(steps),
+            "drafted_tokens": sum(s.drafted_tokens for s in ok),
+            "accepted_tokens": sum(s.accepted_tokens for s in ok),
+            "outcomes": outcomes,
         }
 
 
@@ -91,15 +102,18 @@ def block_order(levels: Sequence[int]) -> list[tuple[int, str]]:
 
 async def _client(client: httpx.AsyncClient, url: str, cases: Sequence[BfclCase], offset: int,
                   block: Block, until: float, t0: float, max_tokens: int,
-                  timeout_s: float) -> None:
+                  timeout_s: float, history: bool, once: bool = False) -> None:
     index = offset
-    while time.monotonic() < until:
+    while once or time.monotonic() < until:
         case = cases[index % len(cases)]
         index += 1
         body = request_body(case, block.mode, max_tokens)
+        # History off by default: both modes ask the same questions, and the main replica
+        # remembers every committed call (plain ones too), so ooo would be drafted the answer.
+        body["ooo_spec"]["history"] = history
         started = time.monotonic()
         error: str | None = None
-        tokens, steps = 0, None
+        tokens, steps, drafted, accepted, outcome = 0, None, 0, 0, None
         try:
             reply = await client.post(f"{url}/v1/chat/completions", json=body, timeout=timeout_s)
             if reply.status_code != 200:
@@ -107,22 +121,31 @@ async def _client(client: httpx.AsyncClient, url: str, cases: Sequence[BfclCase]
             else:
                 data = reply.json()
                 tokens = int(data["usage"]["completion_tokens"])
-                steps = data.get("ooo_spec", {}).get("main", {}).get("steps")
+                report = data.get("ooo_spec", {})
+                main = report.get("main", {})
+                steps = main.get("steps")
+                drafted = int(main.get("drafted_tokens") or 0)
+                accepted = int(main.get("accepted_tokens") or 0)
+                outcome = report.get("outcome")
         except (httpx.HTTPError, ValueError, KeyError) as exc:
             error = type(exc).__name__
         block.samples.append(Sample(block.mode, block.users, started - t0,
-                                    (time.monotonic() - started) * 1000, tokens, steps, error))
+                                    (time.monotonic() - started) * 1000, tokens, steps, error,
+                                    drafted, accepted, outcome))
+        if once:
+            return
 
 
 async def run_block(url: str, cases: Sequence[BfclCase], users: int, mode: str,
-                    duration_s: float, t0: float, max_tokens: int, timeout_s: float) -> Block:
+                    duration_s: float, t0: float, max_tokens: int, timeout_s: float,
+                    history: bool = False) -> Block:
     block = Block(mode, users, duration_s)
     until = time.monotonic() + duration_s
     limits = httpx.Limits(max_connections=users + 2)
     async with httpx.AsyncClient(limits=limits) as client:
         await asyncio.gather(*(
             _client(client, url, cases, user * max(1, len(cases) // users), block, until, t0,
-                    max_tokens, timeout_s)
+                    max_tokens, timeout_s, history)
             for user in range(users)))
     return block
 
@@ -162,9 +185,30 @@ async def sample_replicas(dashboard: str, t0: float, out: list[dict[str, Any]],
                 pass
 
 
+async def warm_up(url: str, cases: Sequence[BfclCase], requests: int, max_tokens: int,
+                  timeout_s: float, history: bool) -> None:
+    """`requests` sequential requests per mode, not counted: a fresh server's first requests
+    pay one-time costs (grammar compilation, caches) that would land on the first block."""
+    for mode in MODES:
+        block = Block(mode, 1, 0.0)
+        for i in range(requests):
+            await _client_once(url, cases[-1 - i % len(cases)], block, max_tokens, timeout_s,
+                               history)
+
+
+async def _client_once(url: str, case: BfclCase, block: Block, max_tokens: int,
+                       timeout_s: float, history: bool) -> None:
+    async with httpx.AsyncClient() as client:
+        await _client(client, url, [case], 0, block, time.monotonic() + 1e-9, time.monotonic(),
+                      max_tokens, timeout_s, history, once=True)
+
+
 async def run(url: str, levels: Sequence[int], duration_s: float, cases: Sequence[BfclCase],
               max_tokens: int, timeout_s: float, dashboard: str | None,
-              say: Any = print) -> dict[str, Any]:
+              say: Any = print, history: bool = False, warmup: int = 0) -> dict[str, Any]:
+    if warmup:
+        say(f"concurrency: warming up ({warmup} requests per mode)")
+        await warm_up(url, cases, warmup, max_tokens, timeout_s, history)
     t0 = time.monotonic()
     replicas: list[dict[str, Any]] = []
     stop = asyncio.Event()
@@ -175,7 +219,7 @@ async def run(url: str, levels: Sequence[int], duration_s: float, cases: Sequenc
         for users, mode in block_order(levels):
             say(f"concurrency: {users} users, {mode}, {duration_s:.0f} s")
             blocks.append(await run_block(url, cases, users, mode, duration_s, t0, max_tokens,
-                                          timeout_s))
+                                          timeout_s, history))
     finally:
         stop.set()
         if sampler is not None:
@@ -187,12 +231,15 @@ async def run(url: str, levels: Sequence[int], duration_s: float, cases: Sequenc
 
 def format_table(summaries: Sequence[dict[str, Any]]) -> str:
     lines = ["| users | mode | finished | errors | req/s | tokens/s | p50 ms | p95 ms | "
-             "main passes (median) |", "|---|---|---|---|---|---|---|---|---|"]
+             "main passes (median) | drafted / accepted tokens | outcomes |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in sorted(summaries, key=lambda s: (s["users"], MODES.index(s["mode"]))):
+        outcomes = ", ".join(f"{k} {v}" for k, v in sorted(s["outcomes"].items()))
         lines.append(
             f"| {s['users']} | {s['mode']} | {s['finished']} | {s['errors']} | "
             f"{s['requests_per_s']:.3f} | {s['tokens_per_s']:.1f} | {_ms(s['p50_ms'])} | "
-            f"{_ms(s['p95_ms'])} | {s['main_steps_median'] if s['main_steps_median'] else '-'} |")
+            f"{_ms(s['p95_ms'])} | {s['main_steps_median'] if s['main_steps_median'] else '-'} | "
+            f"{s['drafted_tokens']:,} / {s['accepted_tokens']:,} | {outcomes or '-'} |")
     return "\n".join(lines)
 
 
@@ -272,13 +319,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dashboard", default=None,
                         help="Ray dashboard URL, to sample replica counts (e.g. "
                         "http://127.0.0.1:8265)")
+    parser.add_argument("--history", action="store_true",
+                        help="let the main replica draft from past calls (off: both modes ask "
+                        "the same questions, so ooo would be drafted plain's answers)")
+    parser.add_argument("--warmup", type=int, default=2,
+                        help="uncounted sequential requests per mode before the first block")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--plot", type=Path, default=None)
     args = parser.parse_args(argv)
     levels = [int(u) for u in args.users.split(",") if u.strip()]
     cases = [c for cat in args.categories.split(",") for c in load_bfcl(cat.strip(), args.limit)]
     result = asyncio.run(run(args.url, levels, args.duration, cases, args.max_tokens,
-                             args.timeout, args.dashboard))
+                             args.timeout, args.dashboard, history=args.history,
+                             warmup=args.warmup))
     print(format_table(result["summaries"]))
     for row in versus_plain(result["summaries"]):
         print(f"{row['users']:>3} users: ooo/plain throughput {row['throughput_ratio'] or 0:.2f}x"
