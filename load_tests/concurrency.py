@@ -4,9 +4,11 @@ Each level runs one block per mode, the modes' order alternating from level to l
 keeps `users` closed-loop clients busy for `--duration` seconds (a request still running at
 the end is awaited and counted). Clients draw BFCL forced calls round-robin, each client from
 its own offset, so both modes ask the same questions in the same order. Reports per level and
-mode: finished requests, requests/s, committed (completion) tokens/s, p50 and p95 end to end,
-errors; while it runs it samples each deployment's replica count from Serve (when given the
-Ray dashboard's address), so the plot shows replicas over time beside latency.
+mode: finished requests, requests/s and committed (completion) tokens/s over the block's wall
+time (its duration plus the wait for the requests still running), p50 and p95 end to end,
+main-model passes, drafted and accepted tokens, outcomes, errors; while it runs it samples each
+deployment's replica count from Serve (when given the Ray dashboard's address), so the plot
+shows replicas over time beside latency.
 
     python -m load_tests.concurrency --url http://127.0.0.1:8000 --users 1,4,16 \
         --duration 60 --json bench_out/concurrency.json --plot bench_out/concurrency.png
@@ -55,6 +57,14 @@ class Block:
     users: int
     duration_s: float
     samples: list[Sample] = field(default_factory=list)
+    # Wall time from the block's start to its last answer: the requests still running at
+    # `duration_s` are awaited, and under load they take as long as the block itself, so
+    # rates over `duration_s` alone would credit a mode for work done after it.
+    elapsed_s: float | None = None
+
+    @property
+    def span_s(self) -> float:
+        return self.elapsed_s if self.elapsed_s is not None else self.duration_s
 
     def summary(self) -> dict[str, Any]:
         ok = [s for s in self.samples if s.error is None]
@@ -68,8 +78,9 @@ class Block:
         return {
             "mode": self.mode, "users": self.users, "finished": len(ok),
             "errors": len(self.samples) - len(ok),
-            "requests_per_s": len(ok) / self.duration_s if self.duration_s else 0.0,
-            "tokens_per_s": tokens / self.duration_s if self.duration_s else 0.0,
+            "elapsed_s": self.span_s,
+            "requests_per_s": len(ok) / self.span_s if self.span_s else 0.0,
+            "tokens_per_s": tokens / self.span_s if self.span_s else 0.0,
             "p50_ms": statistics.median(latencies) if latencies else None,
             "p95_ms": percentile(latencies, 0.95),
             "main_steps_median": statistics.median(steps) if steps else None,
@@ -140,13 +151,15 @@ async def run_block(url: str, cases: Sequence[BfclCase], users: int, mode: str,
                     duration_s: float, t0: float, max_tokens: int, timeout_s: float,
                     history: bool = False) -> Block:
     block = Block(mode, users, duration_s)
-    until = time.monotonic() + duration_s
+    began = time.monotonic()
+    until = began + duration_s
     limits = httpx.Limits(max_connections=users + 2)
     async with httpx.AsyncClient(limits=limits) as client:
         await asyncio.gather(*(
             _client(client, url, cases, user * max(1, len(cases) // users), block, until, t0,
                     max_tokens, timeout_s, history)
             for user in range(users)))
+    block.elapsed_s = time.monotonic() - began
     return block
 
 
