@@ -254,6 +254,7 @@ class Router:
         self.baselines = {"ngram": main_ngram.options(stream=True)} if main_ngram else {}
         self.sidecar = sidecar
         self.sidecar_gate = SidecarGate(self.config.speculation.load_aware.sidecar_max_pending)
+        self._arrivals: set[asyncio.Future[None]] = set()  # strong refs: the loop keeps weak ones
         self.pool = PoolTools(tool_worker) if tool_worker is not None else None
         settings = self.config.tool_worker
         self.chat = ChatService(
@@ -452,7 +453,9 @@ class Router:
                                 f"{type(exc).__name__}")
             ref = ray.put(failed.model_dump())  # the main replica reads it like an answer
             return SidecarStart(token=ref, prediction=ref)
-        asyncio.ensure_future(_release_on_arrival(ref, release))
+        arrival = asyncio.ensure_future(_release_on_arrival(ref, release))
+        self._arrivals.add(arrival)
+        arrival.add_done_callback(self._arrivals.discard)
 
         def cancel() -> None:
             release()
