@@ -282,13 +282,19 @@ def _ms(value: float | None) -> str:
 
 
 def plot(path: Path, result: dict[str, Any]) -> Path:
+    """Per level: requests/s, tokens/s and p50 of each mode (top row); every request's latency
+    over the run (middle); replica counts over the run, when they were sampled (bottom)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (lat, reps) = plt.subplots(2, 1, figsize=(11, 6.5), sharex=True,
-                                    gridspec_kw={"height_ratios": [3, 1.4]})
+    with_replicas = bool(result["replicas"])
+    fig = plt.figure(figsize=(11, 9 if with_replicas else 7.5))
+    grid = fig.add_gridspec(3 if with_replicas else 2, 3,
+                            height_ratios=[2, 3, 1.4] if with_replicas else [2, 3])
+    _plot_levels([fig.add_subplot(grid[0, i]) for i in range(3)], result["summaries"])
+    lat = fig.add_subplot(grid[1, :])
     for mode, marker in zip(MODES, ("o", "^"), strict=True):
         points = [s for s in result["samples"] if s["mode"] == mode and s["error"] is None]
         lat.scatter([p["start_s"] for p in points], [p["e2e_ms"] for p in points], s=10,
@@ -298,26 +304,46 @@ def plot(path: Path, result: dict[str, Any]) -> Path:
                      if p["mode"] == s["mode"] and p["users"] == s["users"]), default=None)
         if first is not None:
             lat.annotate(f"{s['users']}u {s['mode']}", (first, 0), xytext=(0, 4),
-                         textcoords="offset points", fontsize=7)
+                         xycoords=("data", "axes fraction"), textcoords="offset points",
+                         fontsize=7)
     lat.set_ylabel("end-to-end latency (ms)")
+    lat.set_xlabel("time since start (s)")
     lat.set_yscale("log")
     lat.grid(alpha=0.3)
     lat.legend()
-    names = sorted({n for r in result["replicas"] for n in r["replicas"]})
-    for name in names:
-        reps.step([r["t_s"] for r in result["replicas"]],
-                  [r["replicas"].get(name, 0) for r in result["replicas"]], where="post",
-                  label=name)
-    reps.set_ylabel("replicas")
-    reps.set_xlabel("time since start (s)")
-    reps.grid(alpha=0.3)
-    if names:
+    if with_replicas:
+        reps = fig.add_subplot(grid[2, :], sharex=lat)
+        names = sorted({n for r in result["replicas"] for n in r["replicas"]})
+        for name in names:
+            reps.step([r["t_s"] for r in result["replicas"]],
+                      [r["replicas"].get(name, 0) for r in result["replicas"]], where="post",
+                      label=name)
+        reps.set_ylabel("replicas")
+        reps.set_xlabel("time since start (s)")
+        reps.grid(alpha=0.3)
         reps.legend(fontsize=7, ncol=min(len(names), 5))
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def _plot_levels(axes: Sequence[Any], summaries: Sequence[dict[str, Any]]) -> None:
+    levels = sorted({s["users"] for s in summaries})
+    by = {(s["users"], s["mode"]): s for s in summaries}
+    width = 0.38
+    for ax, key, label in zip(axes, ("requests_per_s", "tokens_per_s", "p50_ms"),
+                              ("requests/s", "completion tokens/s", "p50 latency (ms)"),
+                              strict=True):
+        for offset, mode in zip((-width / 2, width / 2), MODES, strict=True):
+            ax.bar([i + offset for i in range(len(levels))],
+                   [(by.get((u, mode)) or {}).get(key) or 0 for u in levels], width,
+                   label=mode)
+        ax.set_xticks(range(len(levels)), [f"{u} users" for u in levels])
+        ax.set_title(label, fontsize=9)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].legend(fontsize=7)
 
 
 def main(argv: list[str] | None = None) -> int:
