@@ -116,8 +116,8 @@ class LoadAwareConfig(_Strict):
         "spends its compute on its requests' own tokens instead of on drafts. None: the "
         "engine's platform default (app/engine/draft_policy.py PLATFORM_BUDGETS): 16 on CPU, "
         "where a verified draft token costs about a decoded one, so one user keeps the full "
-        "num_speculative_tokens and 16 users one each; 256 on GPU, where a decode step is "
-        "memory-bound and drafts ride along nearly free.",
+        "num_speculative_tokens (16), four users 4 each, 15 users 1 each; 256 on GPU, "
+        "where a decode step is memory-bound and drafts ride along nearly free.",
     )
     no_draft_batch: int | None = Field(
         None, ge=1,
