@@ -109,14 +109,21 @@ class LoadAwareConfig(_Strict):
     """How drafting gives way under load (app/engine/draft_policy.py). Drafts never change the
     output, only how many tokens a forward pass may commit and what it costs."""
 
-    step_draft_tokens: int = Field(
-        256, ge=1,
+    step_draft_tokens: int | None = Field(
+        None, ge=1,
         description="Draft tokens one engine step may verify in all, shared evenly among the "
         "running requests (each at most num_speculative_tokens, at least one). A full batch "
-        "spends its compute on its requests' own tokens instead of on drafts.",
+        "spends its compute on its requests' own tokens instead of on drafts. None: the "
+        "engine's platform default (app/engine/draft_policy.py PLATFORM_BUDGETS): 16 on CPU, "
+        "where a verified draft token costs about a decoded one, so one user keeps the full "
+        "num_speculative_tokens (16), four users 4 each, 15 users 1 each; 256 on GPU, "
+        "where a decode step is memory-bound and drafts ride along nearly free.",
     )
-    no_draft_batch: int = Field(
-        128, ge=1, description="At this many running requests and more, nobody drafts."
+    no_draft_batch: int | None = Field(
+        None, ge=1,
+        description="At this many running requests and more, nobody drafts. None: the "
+        "platform default, 16 on CPU (a full batch of the CPU default's max_num_seqs), 128 "
+        "on GPU.",
     )
     reject_streak: int = Field(
         4, ge=0,
@@ -124,6 +131,15 @@ class LoadAwareConfig(_Strict):
         "pauses drafting (0: never pauses).",
     )
     pause_steps: int = Field(4, ge=0, description="How many steps such a pause lasts.")
+    sidecar_max_pending: int | None = Field(
+        None, ge=1,
+        description="The router skips the sidecar for a request while this many of its calls "
+        "to the sidecar are pending (per router replica), since predictions queued behind "
+        "them would reach the main model too late to draft (outcome sidecar_error, 'skipped'); "
+        "the request still gets schema drafts and prompt lookup. None: never skip (a GPU "
+        "sidecar batches its predictions nearly free). The CPU configs set 1: on the CPU "
+        "default at 4 and 16 users most predictions arrived late (README, 'Under load').",
+    )
 
 
 class HistoryConfig(_Strict):

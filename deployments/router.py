@@ -50,6 +50,7 @@ from app.api.responses import (
     stream_events,
     to_chat_request,
 )
+from app.api.sidecar_gate import SidecarGate
 from app.config import load_config
 from app.engine.history import TENANT_KEY
 from app.engine.tool_formats import get_format
@@ -226,6 +227,17 @@ async def _final(events: AsyncIterator[tuple[str, dict[str, Any]]]) -> dict[str,
     return completion
 
 
+async def _release_on_arrival(ref: Any, release: Callable[[], None]) -> None:
+    """Count the sidecar call as pending until its prediction arrives (or fails, or is
+    cancelled at the turn's end, which releases it too)."""
+    try:
+        await ref
+    except BaseException:  # any end of the call (answer, error, cancelled) ends its wait
+        pass
+    finally:
+        release()
+
+
 @serve.deployment(name="Router")
 @serve.ingress(api)
 class Router:
@@ -242,6 +254,8 @@ class Router:
         # Comparison engines by the name requests give in `ooo_spec.baseline`.
         self.baselines = {"ngram": main_ngram.options(stream=True)} if main_ngram else {}
         self.sidecar = sidecar
+        self.sidecar_gate = SidecarGate(self.config.speculation.load_aware.sidecar_max_pending)
+        self._arrivals: set[asyncio.Future[None]] = set()  # strong refs: the loop keeps weak ones
         self.pool = PoolTools(tool_worker) if tool_worker is not None else None
         settings = self.config.tool_worker
         self.chat = ChatService(
@@ -418,6 +432,13 @@ class Router:
     async def _start_sidecar(self, payload: dict[str, Any]) -> SidecarStart | None:
         if self.sidecar is None:
             return None
+        release = self.sidecar_gate.admit()
+        if release is None:
+            # Queued behind the pending ones, the prediction would come too late to draft.
+            skipped = Prediction(error=f"skipped: {self.sidecar_gate.pending} sidecar calls "
+                                 "pending (speculation.load_aware.sidecar_max_pending)")
+            ref = ray.put(skipped.model_dump())  # the main replica reads it like an answer
+            return SidecarStart(token=ref, prediction=ref)
         response: Any = self.sidecar.predict.remote(payload)
         try:
             # Waits only for a replica to take the call (instant unless all are busy or one is
@@ -425,17 +446,27 @@ class Router:
             ref = await asyncio.wait_for(response._to_object_ref(),
                                          self.config.speculation.sidecar_start_timeout_s)
         except asyncio.CancelledError:
+            release()
             response.cancel()
             raise
         except Exception as exc:  # TimeoutError, or no sidecar replica at all
+            release()
             response.cancel()
             failed = Prediction(error=f"the sidecar did not take the request: "
                                 f"{type(exc).__name__}")
             ref = ray.put(failed.model_dump())  # the main replica reads it like an answer
             return SidecarStart(token=ref, prediction=ref)
+        arrival = asyncio.ensure_future(_release_on_arrival(ref, release))
+        self._arrivals.add(arrival)
+        arrival.add_done_callback(self._arrivals.discard)
+
+        def cancel() -> None:
+            release()
+            response.cancel()
+
         # The same ref twice: the main replica polls it while decoding, and the router awaits
         # it (each `await` on an ObjectRef is its own future) to pre-execute predicted calls.
-        return SidecarStart(token=ref, prediction=ref, cancel=response.cancel)
+        return SidecarStart(token=ref, prediction=ref, cancel=cancel)
 
     async def _main_events(
         self, payload: dict[str, Any], sidecar_ref: Any, raw_prompt: Any = None

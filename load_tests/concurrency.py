@@ -4,9 +4,11 @@ Each level runs one block per mode, the modes' order alternating from level to l
 keeps `users` closed-loop clients busy for `--duration` seconds (a request still running at
 the end is awaited and counted). Clients draw BFCL forced calls round-robin, each client from
 its own offset, so both modes ask the same questions in the same order. Reports per level and
-mode: finished requests, requests/s, committed (completion) tokens/s, p50 and p95 end to end,
-errors; while it runs it samples each deployment's replica count from Serve (when given the
-Ray dashboard's address), so the plot shows replicas over time beside latency.
+mode: finished requests, requests/s and committed (completion) tokens/s over the block's wall
+time (its duration plus the wait for the requests still running), p50 and p95 end to end,
+main-model passes, drafted and accepted tokens, outcomes, errors; while it runs it samples each
+deployment's replica count from Serve (when given the Ray dashboard's address), so the plot
+shows replicas over time beside latency.
 
     python -m load_tests.concurrency --url http://127.0.0.1:8000 --users 1,4,16 \
         --duration 60 --json bench_out/concurrency.json --plot bench_out/concurrency.png
@@ -44,6 +46,9 @@ class Sample:
     completion_tokens: int
     main_steps: int | None
     error: str | None = None
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    outcome: str | None = None  # ooo_spec.outcome: hit, miss, sidecar_late, disabled, ...
 
 
 @dataclass
@@ -52,20 +57,37 @@ class Block:
     users: int
     duration_s: float
     samples: list[Sample] = field(default_factory=list)
+    # Wall time from the block's start to its last answer: the requests still running at
+    # `duration_s` are awaited, and under load they take as long as the block itself, so
+    # rates over `duration_s` alone would credit a mode for work done after it.
+    elapsed_s: float | None = None
+
+    @property
+    def span_s(self) -> float:
+        return self.elapsed_s if self.elapsed_s is not None else self.duration_s
 
     def summary(self) -> dict[str, Any]:
         ok = [s for s in self.samples if s.error is None]
         latencies = sorted(s.e2e_ms for s in ok)
         tokens = sum(s.completion_tokens for s in ok)
         steps = [s.main_steps for s in ok if s.main_steps is not None]
+        outcomes: dict[str, int] = {}
+        for s in ok:
+            if s.outcome is not None:
+                outcomes[s.outcome] = outcomes.get(s.outcome, 0) + 1
         return {
             "mode": self.mode, "users": self.users, "finished": len(ok),
             "errors": len(self.samples) - len(ok),
-            "requests_per_s": len(ok) / self.duration_s if self.duration_s else 0.0,
-            "tokens_per_s": tokens / self.duration_s if self.duration_s else 0.0,
+            "elapsed_s": self.span_s,
+            "requests_per_s": len(ok) / self.span_s if self.span_s else 0.0,
+            "tokens_per_s": tokens / self.span_s if self.span_s else 0.0,
             "p50_ms": statistics.median(latencies) if latencies else None,
             "p95_ms": percentile(latencies, 0.95),
             "main_steps_median": statistics.median(steps) if steps else None,
+            "main_steps_total": sum(steps),
+            "drafted_tokens": sum(s.drafted_tokens for s in ok),
+            "accepted_tokens": sum(s.accepted_tokens for s in ok),
+            "outcomes": outcomes,
         }
 
 
@@ -91,15 +113,18 @@ def block_order(levels: Sequence[int]) -> list[tuple[int, str]]:
 
 async def _client(client: httpx.AsyncClient, url: str, cases: Sequence[BfclCase], offset: int,
                   block: Block, until: float, t0: float, max_tokens: int,
-                  timeout_s: float) -> None:
+                  timeout_s: float, history: bool, once: bool = False) -> None:
     index = offset
-    while time.monotonic() < until:
+    while once or time.monotonic() < until:
         case = cases[index % len(cases)]
         index += 1
         body = request_body(case, block.mode, max_tokens)
+        # History off by default: both modes ask the same questions, and the main replica
+        # remembers every committed call (plain ones too), so ooo would be drafted the answer.
+        body["ooo_spec"]["history"] = history
         started = time.monotonic()
         error: str | None = None
-        tokens, steps = 0, None
+        tokens, steps, drafted, accepted, outcome = 0, None, 0, 0, None
         try:
             reply = await client.post(f"{url}/v1/chat/completions", json=body, timeout=timeout_s)
             if reply.status_code != 200:
@@ -107,23 +132,34 @@ async def _client(client: httpx.AsyncClient, url: str, cases: Sequence[BfclCase]
             else:
                 data = reply.json()
                 tokens = int(data["usage"]["completion_tokens"])
-                steps = data.get("ooo_spec", {}).get("main", {}).get("steps")
+                report = data.get("ooo_spec", {})
+                main = report.get("main", {})
+                steps = main.get("steps")
+                drafted = int(main.get("drafted_tokens") or 0)
+                accepted = int(main.get("accepted_tokens") or 0)
+                outcome = report.get("outcome")
         except (httpx.HTTPError, ValueError, KeyError) as exc:
             error = type(exc).__name__
         block.samples.append(Sample(block.mode, block.users, started - t0,
-                                    (time.monotonic() - started) * 1000, tokens, steps, error))
+                                    (time.monotonic() - started) * 1000, tokens, steps, error,
+                                    drafted, accepted, outcome))
+        if once:
+            return
 
 
 async def run_block(url: str, cases: Sequence[BfclCase], users: int, mode: str,
-                    duration_s: float, t0: float, max_tokens: int, timeout_s: float) -> Block:
+                    duration_s: float, t0: float, max_tokens: int, timeout_s: float,
+                    history: bool = False) -> Block:
     block = Block(mode, users, duration_s)
-    until = time.monotonic() + duration_s
+    began = time.monotonic()
+    until = began + duration_s
     limits = httpx.Limits(max_connections=users + 2)
     async with httpx.AsyncClient(limits=limits) as client:
         await asyncio.gather(*(
             _client(client, url, cases, user * max(1, len(cases) // users), block, until, t0,
-                    max_tokens, timeout_s)
+                    max_tokens, timeout_s, history)
             for user in range(users)))
+    block.elapsed_s = time.monotonic() - began
     return block
 
 
@@ -162,9 +198,30 @@ async def sample_replicas(dashboard: str, t0: float, out: list[dict[str, Any]],
                 pass
 
 
+async def warm_up(url: str, cases: Sequence[BfclCase], requests: int, max_tokens: int,
+                  timeout_s: float, history: bool) -> None:
+    """`requests` sequential requests per mode, not counted: a fresh server's first requests
+    pay one-time costs (grammar compilation, caches) that would land on the first block."""
+    for mode in MODES:
+        block = Block(mode, 1, 0.0)
+        for i in range(requests):
+            await _client_once(url, cases[-1 - i % len(cases)], block, max_tokens, timeout_s,
+                               history)
+
+
+async def _client_once(url: str, case: BfclCase, block: Block, max_tokens: int,
+                       timeout_s: float, history: bool) -> None:
+    async with httpx.AsyncClient() as client:
+        await _client(client, url, [case], 0, block, time.monotonic() + 1e-9, time.monotonic(),
+                      max_tokens, timeout_s, history, once=True)
+
+
 async def run(url: str, levels: Sequence[int], duration_s: float, cases: Sequence[BfclCase],
               max_tokens: int, timeout_s: float, dashboard: str | None,
-              say: Any = print) -> dict[str, Any]:
+              say: Any = print, history: bool = False, warmup: int = 0) -> dict[str, Any]:
+    if warmup:
+        say(f"concurrency: warming up ({warmup} requests per mode)")
+        await warm_up(url, cases, warmup, max_tokens, timeout_s, history)
     t0 = time.monotonic()
     replicas: list[dict[str, Any]] = []
     stop = asyncio.Event()
@@ -175,7 +232,7 @@ async def run(url: str, levels: Sequence[int], duration_s: float, cases: Sequenc
         for users, mode in block_order(levels):
             say(f"concurrency: {users} users, {mode}, {duration_s:.0f} s")
             blocks.append(await run_block(url, cases, users, mode, duration_s, t0, max_tokens,
-                                          timeout_s))
+                                          timeout_s, history))
     finally:
         stop.set()
         if sampler is not None:
@@ -187,12 +244,15 @@ async def run(url: str, levels: Sequence[int], duration_s: float, cases: Sequenc
 
 def format_table(summaries: Sequence[dict[str, Any]]) -> str:
     lines = ["| users | mode | finished | errors | req/s | tokens/s | p50 ms | p95 ms | "
-             "main passes (median) |", "|---|---|---|---|---|---|---|---|---|"]
+             "main passes (median) | drafted / accepted tokens | outcomes |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in sorted(summaries, key=lambda s: (s["users"], MODES.index(s["mode"]))):
+        outcomes = ", ".join(f"{k} {v}" for k, v in sorted(s["outcomes"].items()))
         lines.append(
             f"| {s['users']} | {s['mode']} | {s['finished']} | {s['errors']} | "
             f"{s['requests_per_s']:.3f} | {s['tokens_per_s']:.1f} | {_ms(s['p50_ms'])} | "
-            f"{_ms(s['p95_ms'])} | {s['main_steps_median'] if s['main_steps_median'] else '-'} |")
+            f"{_ms(s['p95_ms'])} | {s['main_steps_median'] if s['main_steps_median'] else '-'} | "
+            f"{s['drafted_tokens']:,} / {s['accepted_tokens']:,} | {outcomes or '-'} |")
     return "\n".join(lines)
 
 
@@ -222,13 +282,19 @@ def _ms(value: float | None) -> str:
 
 
 def plot(path: Path, result: dict[str, Any]) -> Path:
+    """Per level: requests/s, tokens/s and p50 of each mode (top row); every request's latency
+    over the run (middle); replica counts over the run, when they were sampled (bottom)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (lat, reps) = plt.subplots(2, 1, figsize=(11, 6.5), sharex=True,
-                                    gridspec_kw={"height_ratios": [3, 1.4]})
+    with_replicas = bool(result["replicas"])
+    fig = plt.figure(figsize=(11, 9 if with_replicas else 7.5))
+    grid = fig.add_gridspec(3 if with_replicas else 2, 3,
+                            height_ratios=[2, 3, 1.4] if with_replicas else [2, 3])
+    _plot_levels([fig.add_subplot(grid[0, i]) for i in range(3)], result["summaries"])
+    lat = fig.add_subplot(grid[1, :])
     for mode, marker in zip(MODES, ("o", "^"), strict=True):
         points = [s for s in result["samples"] if s["mode"] == mode and s["error"] is None]
         lat.scatter([p["start_s"] for p in points], [p["e2e_ms"] for p in points], s=10,
@@ -238,26 +304,46 @@ def plot(path: Path, result: dict[str, Any]) -> Path:
                      if p["mode"] == s["mode"] and p["users"] == s["users"]), default=None)
         if first is not None:
             lat.annotate(f"{s['users']}u {s['mode']}", (first, 0), xytext=(0, 4),
-                         textcoords="offset points", fontsize=7)
+                         xycoords=("data", "axes fraction"), textcoords="offset points",
+                         fontsize=7)
     lat.set_ylabel("end-to-end latency (ms)")
+    lat.set_xlabel("time since start (s)")
     lat.set_yscale("log")
     lat.grid(alpha=0.3)
     lat.legend()
-    names = sorted({n for r in result["replicas"] for n in r["replicas"]})
-    for name in names:
-        reps.step([r["t_s"] for r in result["replicas"]],
-                  [r["replicas"].get(name, 0) for r in result["replicas"]], where="post",
-                  label=name)
-    reps.set_ylabel("replicas")
-    reps.set_xlabel("time since start (s)")
-    reps.grid(alpha=0.3)
-    if names:
+    if with_replicas:
+        reps = fig.add_subplot(grid[2, :], sharex=lat)
+        names = sorted({n for r in result["replicas"] for n in r["replicas"]})
+        for name in names:
+            reps.step([r["t_s"] for r in result["replicas"]],
+                      [r["replicas"].get(name, 0) for r in result["replicas"]], where="post",
+                      label=name)
+        reps.set_ylabel("replicas")
+        reps.set_xlabel("time since start (s)")
+        reps.grid(alpha=0.3)
         reps.legend(fontsize=7, ncol=min(len(names), 5))
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def _plot_levels(axes: Sequence[Any], summaries: Sequence[dict[str, Any]]) -> None:
+    levels = sorted({s["users"] for s in summaries})
+    by = {(s["users"], s["mode"]): s for s in summaries}
+    width = 0.38
+    for ax, key, label in zip(axes, ("requests_per_s", "tokens_per_s", "p50_ms"),
+                              ("requests/s", "completion tokens/s", "p50 latency (ms)"),
+                              strict=True):
+        for offset, mode in zip((-width / 2, width / 2), MODES, strict=True):
+            ax.bar([i + offset for i in range(len(levels))],
+                   [(by.get((u, mode)) or {}).get(key) or 0 for u in levels], width,
+                   label=mode)
+        ax.set_xticks(range(len(levels)), [f"{u} users" for u in levels])
+        ax.set_title(label, fontsize=9)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].legend(fontsize=7)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -272,13 +358,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dashboard", default=None,
                         help="Ray dashboard URL, to sample replica counts (e.g. "
                         "http://127.0.0.1:8265)")
+    parser.add_argument("--history", action="store_true",
+                        help="let the main replica draft from past calls (off: both modes ask "
+                        "the same questions, so ooo would be drafted plain's answers)")
+    parser.add_argument("--warmup", type=int, default=2,
+                        help="uncounted sequential requests per mode before the first block")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--plot", type=Path, default=None)
     args = parser.parse_args(argv)
     levels = [int(u) for u in args.users.split(",") if u.strip()]
     cases = [c for cat in args.categories.split(",") for c in load_bfcl(cat.strip(), args.limit)]
     result = asyncio.run(run(args.url, levels, args.duration, cases, args.max_tokens,
-                             args.timeout, args.dashboard))
+                             args.timeout, args.dashboard, history=args.history,
+                             warmup=args.warmup))
     print(format_table(result["summaries"]))
     for row in versus_plain(result["summaries"]):
         print(f"{row['users']:>3} users: ooo/plain throughput {row['throughput_ratio'] or 0:.2f}x"

@@ -21,7 +21,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.config import SpeculationConfig
+from app.config import LoadAwareConfig, SpeculationConfig
+from app.engine.engine_args import Platform
+
+# (step_draft_tokens, no_draft_batch) where the config leaves them unset, per platform.
+# CPU: verifying a draft token costs about what decoding a token costs (compute grows with the
+# tokens of a pass, measured in README "Under load"), so a step verifies few drafts in all and
+# a full batch none. GPU: a decode step is memory-bound, drafts ride along nearly free until the
+# batch is large.
+PLATFORM_BUDGETS: dict[Platform, tuple[int, int]] = {"cpu": (16, 16), "cuda": (256, 128)}
+
+
+def platform_budgets(load: LoadAwareConfig, platform: Platform) -> tuple[int, int]:
+    """(step_draft_tokens, no_draft_batch): the config's where set, else the platform's.
+
+    >>> platform_budgets(LoadAwareConfig(), "cuda")
+    (256, 128)
+    >>> platform_budgets(LoadAwareConfig(no_draft_batch=8), "cpu")
+    (16, 8)
+    """
+    step, batch = PLATFORM_BUDGETS[platform]
+    return (load.step_draft_tokens if load.step_draft_tokens is not None else step,
+            load.no_draft_batch if load.no_draft_batch is not None else batch)
 
 
 @dataclass(frozen=True)
@@ -33,11 +54,12 @@ class DraftPolicy:
     pause_steps: int = 0
 
     @classmethod
-    def from_config(cls, speculation: SpeculationConfig) -> DraftPolicy:
+    def from_config(cls, speculation: SpeculationConfig, platform: Platform) -> DraftPolicy:
         load = speculation.load_aware
-        return cls(k=speculation.num_speculative_tokens,
-                   step_draft_tokens=load.step_draft_tokens, no_draft_batch=load.no_draft_batch,
-                   reject_streak=load.reject_streak, pause_steps=load.pause_steps)
+        step, batch = platform_budgets(load, platform)
+        return cls(k=speculation.num_speculative_tokens, step_draft_tokens=step,
+                   no_draft_batch=batch, reject_streak=load.reject_streak,
+                   pause_steps=load.pause_steps)
 
     def batch_budget(self, active_rows: int) -> int:
         """Draft tokens each row may get when `active_rows` rows decode this step.

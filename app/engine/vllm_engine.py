@@ -220,7 +220,7 @@ class VllmEngine:
                     self.speculation.prompt_lookup_fallback,
                     self.speculation.prompt_lookup_min,
                     self.speculation.prompt_lookup_max,
-                    DraftPolicy.from_config(self.speculation),
+                    DraftPolicy.from_config(self.speculation, self.launch.platform),
                 ),
             )
             if not all(bound):

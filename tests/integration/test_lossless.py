@@ -7,6 +7,7 @@ the same store the deployment uses, at chosen moments.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import statistics
 from collections.abc import Iterator
@@ -274,8 +275,55 @@ async def test_drafting_that_pauses_and_resumes_is_lossless(engine: VllmEngine) 
             paused += speculation.paused_steps
             resumed += speculation.drafted_after_pause
     finally:
-        _bind(engine, DraftPolicy.from_config(engine.speculation))
+        assert engine.launch is not None
+        _bind(engine, DraftPolicy.from_config(engine.speculation, engine.launch.platform))
     assert paused > 0 and resumed > 0, (paused, resumed)
+
+
+async def test_drafting_off_in_a_full_batch_and_on_again_is_lossless(engine: VllmEngine) -> None:
+    """The batch rule switching drafting off and on mid-request (no_draft_batch=2): while a
+    second request shares the batch the speculative one commits one token per pass, once it
+    has left the right candidate drafts again. Token-identical to plain decoding."""
+    assert engine.speculation is not None and engine.launch is not None
+    sampling = {"max_tokens": 96, "temperature": 0.0,
+                "structured_json": forced_output_schema(TOOLS, None)}
+    prompt, other = _prompt(engine, PROMPTS[4]), _prompt(engine, PROMPTS[0])
+    plain, _ = await _run(engine, prompt, sampling, False, [])
+    right = render_forced_variants(
+        parse_forced(engine.tokenizer.decode(plain[:-1]), None).calls, TOOLS, None)
+    _bind(engine, DraftPolicy(k=16, no_draft_batch=2))
+    try:
+        neighbour_started = asyncio.Event()
+        neighbour_done = asyncio.Event()
+
+        async def neighbour() -> None:  # plain decoding, 10 passes: fills the batch to 2
+            async for delta in engine.stream(other, {**sampling, "max_tokens": 10}, False):
+                if delta.token_ids:
+                    neighbour_started.set()
+            neighbour_done.set()
+
+        task = asyncio.ensure_future(neighbour())
+        await neighbour_started.wait()
+        tokens: list[int] = []
+        beside: list[int] = []  # tokens per pass while the neighbour decoded
+        alone: list[int] = []  # and after it had left
+        speculation = None
+
+        def started(request_id: str) -> None:
+            engine.store.add_candidates(request_id, right)
+
+        async for delta in engine.stream(prompt, sampling, True, started):
+            tokens.extend(delta.token_ids)
+            speculation = delta.speculation or speculation
+            if delta.token_ids:
+                (alone if neighbour_done.is_set() else beside).append(len(delta.token_ids))
+        await task
+    finally:
+        _bind(engine, DraftPolicy.from_config(engine.speculation, engine.launch.platform))
+    assert tokens == plain, "output differs from plain decoding"
+    assert beside and set(beside) == {1}, beside  # off while the batch was full
+    assert any(n > 1 for n in alone), alone  # on again once it was not
+    assert speculation is not None and speculation.drafted_tokens > 0
 
 
 @pytest.mark.parametrize("text", PROMPTS[:4])

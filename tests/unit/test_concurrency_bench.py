@@ -32,6 +32,15 @@ def test_summary_counts_only_finished_requests() -> None:
     assert summary["p95_ms"] == 400
 
 
+def test_rates_count_the_wait_for_the_last_answers() -> None:
+    """A block that ran 10 s and then waited 10 s more for its last requests did its work in
+    20 s: a slower mode must not look as fast because its answers came after the bell."""
+    block = _block("ooo", 4, [100, 200, 300, 400])
+    block.elapsed_s = 20.0
+    summary = block.summary()
+    assert summary["requests_per_s"] == 0.2 and summary["tokens_per_s"] == 4.0
+
+
 def test_versus_plain_and_table() -> None:
     summaries = [_block("plain", 1, [300, 300]).summary(), _block("ooo", 1, [100] * 6).summary()]
     (row,) = versus_plain(summaries)

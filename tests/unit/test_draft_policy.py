@@ -1,5 +1,5 @@
-from app.config import SpeculationConfig
-from app.engine.draft_policy import DraftPolicy, RowAcceptance
+from app.config import LoadAwareConfig, SpeculationConfig
+from app.engine.draft_policy import DraftPolicy, RowAcceptance, platform_budgets
 
 
 def test_small_batches_get_the_full_k_and_large_ones_share_the_step() -> None:
@@ -15,8 +15,22 @@ def test_small_batches_get_the_full_k_and_large_ones_share_the_step() -> None:
 def test_policy_from_config() -> None:
     config = SpeculationConfig.model_validate(
         {"num_speculative_tokens": 8, "load_aware": {"step_draft_tokens": 32, "reject_streak": 2}})
-    policy = DraftPolicy.from_config(config)
+    policy = DraftPolicy.from_config(config, "cpu")
     assert (policy.k, policy.step_draft_tokens, policy.reject_streak) == (8, 32, 2)
+    assert policy.no_draft_batch == platform_budgets(LoadAwareConfig(), "cpu")[1]
+
+
+def test_unset_budgets_follow_the_platform() -> None:
+    """CPU verifies few drafts per step (compute grows with a pass's tokens); a GPU's
+    memory-bound decode step takes many. Set values win on both."""
+    cpu = DraftPolicy.from_config(SpeculationConfig(), "cpu")
+    gpu = DraftPolicy.from_config(SpeculationConfig(), "cuda")
+    assert cpu.step_draft_tokens < gpu.step_draft_tokens
+    assert cpu.no_draft_batch < gpu.no_draft_batch
+    assert cpu.batch_budget(1) == gpu.batch_budget(1) == 16  # one user: the full k on both
+    assert cpu.batch_budget(16) == 0 and gpu.batch_budget(16) == 16
+    set_both = LoadAwareConfig(step_draft_tokens=64, no_draft_batch=32)
+    assert platform_budgets(set_both, "cpu") == platform_budgets(set_both, "cuda") == (64, 32)
 
 
 def test_rejected_streak_pauses_then_drafting_resumes() -> None:
