@@ -2,6 +2,9 @@
 punica_cpu) serves it on every sidecar request, `ooo_spec.sidecar_adapter: false` predicts
 with the base model, and the main model's output stays token-identical to plain decoding when
 it drafts from the adapted sidecar's predictions (the adapter changes the sidecar only).
+The same main engine also runs the distillation's collection (`ooo-spec sidecar distill`):
+BFCL cases of categories the benchmark does not measure, as plain requests, each committed call
+a sample whose pairs are the sidecar's own slot prompts with the values the main model wrote.
 
 The adapter is a seeded random one (PEFT with `init_lora_weights=False`: B is not zero, so
 the adapter changes the outputs; a freshly initialised LoRA would not) on the embedded model.
@@ -10,6 +13,7 @@ the adapter changes the outputs; a freshly initialised LoRA would not) on the em
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,9 +22,12 @@ import pytest
 
 from app.api.openai_models import ChatCompletionRequest
 from app.config import AppConfig, SidecarConfig, SidecarLoraConfig
+from app.distill.collect import collect, load_cases
+from app.distill.pairs import offline_sidecar, render_pairs
 from app.engine.embedded_model import resolve_model_path
 from app.engine.main_model import MainModelService
 from app.engine.sidecar import SidecarService
+from app.engine.tool_format import parse_forced
 from app.engine.vllm_engine import USE_ADAPTER
 from app.spec.validation import validate_arguments
 from tests.integration.test_lossless import PROMPTS, TOOLS
@@ -117,3 +124,30 @@ def test_main_output_is_token_identical_with_the_adapted_sidecar(
     plain = asyncio.run(_main_tokens(main, None, text))
     drafted = asyncio.run(_main_tokens(main, sidecar, text))
     assert drafted == plain, f"{text!r}: output differs from plain decoding"
+
+
+def test_collected_calls_are_the_main_models_and_render_as_slot_pairs(
+    main: MainModelService,
+) -> None:
+    cases = load_cases(["bfcl:parallel", "bfcl:live_simple"], 2)
+    samples = asyncio.run(collect(main, cases, concurrency=2))
+    assert samples, "no committed call in four cases"
+    by_id = {c.id: c for c in cases}
+    sidecar = offline_sidecar(AppConfig(), main.engine.tokenizer)
+    decode = main.engine.tokenizer.decode
+    for sample in samples:
+        case = by_id[sample.case_id]
+        # What the main model wrote, parsed as the server parses a forced call.
+        parsed = parse_forced(sample.text, None).calls
+        assert [(c.name, c.arguments) for c in parsed] == [
+            (c.name, c.arguments) for c in sample.calls]
+        schemas = {t["function"]["name"]: t["function"]["parameters"] for t in case.tools}
+        call = sample.calls[0]
+        assert validate_arguments(call.arguments, schemas[call.name]) == []
+        slots = [p for p in render_pairs(sample, sidecar) if p.kind == "slot"]
+        assert [p.key for p in slots] == [k for k in schemas[call.name]["properties"]
+                                          if k in call.arguments]
+        for p in slots:
+            assert p.key is not None
+            value = json.dumps(call.arguments[p.key], ensure_ascii=False)
+            assert decode(p.target_ids).strip().rstrip(",") == value
