@@ -189,6 +189,9 @@ class VllmEngine:
         current stream is per thread and CUDA graphs are captured during the build, so the
         thread that steps must be the one that built. A build error is raised here.
         """
+        if self.lora is not None and not (Path(self.lora.path) / "adapter_config.json").is_file():
+            # vLLM would only fail at the first request; a replica without it must not start.
+            raise EngineError(f"sidecar.lora.path: no adapter_config.json in {self.lora.path}")
         platform = detect_platform()
         self.model_path = resolve_model_path(self.cfg.model)
         speculative = (
@@ -198,8 +201,6 @@ class VllmEngine:
         )
         self.launch = engine_launch(platform, self.cfg, self.model_path, speculative)
         if self.lora is not None:
-            if not (Path(self.lora.path) / "adapter_config.json").is_file():
-                raise EngineError(f"sidecar.lora.path: no adapter_config.json in {self.lora.path}")
             self.launch = with_lora(self.launch, self.lora.max_rank)
         apply_env(self.launch, os.environ)
         if platform == "cuda":

@@ -240,3 +240,13 @@ def test_the_command_is_registered() -> None:
 
     args = build_parser().parse_args(["sidecar", "distill", "--steps", "3", "--limit", "2"])
     assert (args.steps, args.limit, args.seed) == (3, 2, 0)
+
+
+def test_an_engine_whose_adapter_is_missing_does_not_start(tmp_path: Path) -> None:
+    from app.config import EngineConfig
+    from app.engine.vllm_engine import EngineError, VllmEngine
+
+    engine = VllmEngine(EngineConfig(), lora=SidecarLoraConfig(path=str(tmp_path / "none")))
+    with pytest.raises(EngineError, match="adapter_config.json"):
+        engine.start()
+    assert engine.engine is None
