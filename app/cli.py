@@ -196,8 +196,32 @@ def add_config_commands(subparsers: Subparsers) -> None:
     check.set_defaults(func=_config_check)
 
 
+def _sidecar_distill(args: argparse.Namespace) -> int:
+    from app.distill import command
+
+    return command.run(args)
+
+
+def add_sidecar_commands(subparsers: Subparsers) -> None:
+    from app.distill import command
+
+    sidecar = subparsers.add_parser("sidecar", help="train the sidecar on the main model")
+    actions = sidecar.add_subparsers(dest="sidecar_command", required=True, metavar="ACTION")
+    distill = actions.add_parser(
+        "distill",
+        help="collect the main model's calls, train a LoRA adapter on the sidecar model",
+        description="Collect the main model's committed calls on BFCL categories the benchmark "
+        "does not measure, render them as the sidecar's slot prompts, train a LoRA adapter "
+        "(PEFT, seeded, resumable) and report held-out agreement before and after. Runs from "
+        "the repository root (the BFCL loader is in load_tests/). See app/distill/README.md.",
+    )
+    command.add_arguments(distill)
+    distill.set_defaults(func=_sidecar_distill)
+
+
 COMMANDS: tuple[Callable[[Subparsers], None], ...] = (
     add_models_commands, add_serve_command, add_bench_command, add_config_commands,
+    add_sidecar_commands,
 )
 
 

@@ -181,8 +181,27 @@ class SpeculationConfig(_Strict):
     load_aware: LoadAwareConfig = Field(default_factory=lambda: LoadAwareConfig())
 
 
+class SidecarLoraConfig(_Strict):
+    """A LoRA adapter on the sidecar model (`ooo-spec sidecar distill` trains one from the
+    main model's own calls, app/distill/), served through vLLM's LoRA support: every sidecar
+    request carries it. The main model never sees it, so its output is unchanged."""
+
+    path: str = Field(
+        ..., min_length=1,
+        description="Folder of the adapter in PEFT's format (adapter_config.json and "
+        "adapter_model.safetensors), on every node a Sidecar replica may run on; "
+        "`ooo-spec config check` says when it is missing here.",
+    )
+    max_rank: Literal[8, 16, 32, 64] = Field(
+        16, description="vLLM's max_lora_rank: at least the adapter's rank (`r`)."
+    )
+
+
 class SidecarConfig(_Strict):
     enabled: bool = True
+    lora: SidecarLoraConfig | None = Field(
+        None, description="The sidecar's LoRA adapter; None = the base model."
+    )
     engine: EngineConfig = Field(
         default_factory=lambda: EngineConfig(block_size=32)
     )

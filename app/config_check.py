@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Field, ValidationError
 
-from app.config import AppConfig, EngineConfig, ModelDims
+from app.config import AppConfig, EngineConfig, ModelDims, SidecarLoraConfig
 from app.engine.engine_args import (
     DEFAULT_BLOCK_SIZE,
     Platform,
@@ -335,9 +335,27 @@ def check_application(application: Mapping[str, Any], index: int = 0) -> Applica
             check_engine(dep, actor, cfg, setting, speculative)
         if name == "MainModel":
             check_tool_format(dep, config.main.engine)
+        if name == "Sidecar" and config.sidecar.lora is not None:
+            dep.errors += sidecar_lora_errors(config.sidecar.lora)
         report.deployments.append(dep)
     _check_baseline_hardware(report, actors)
     return report
+
+
+def sidecar_lora_errors(lora: SidecarLoraConfig) -> list[str]:
+    """The adapter must be there (checked on this machine: run the check where the replicas
+    run, or in their image) and its rank within `max_rank` (vLLM refuses it otherwise)."""
+    config_file = Path(lora.path) / "adapter_config.json"
+    if not config_file.is_file():
+        return [f"sidecar.lora.path: no adapter_config.json in {lora.path} (train one with "
+                "`ooo-spec sidecar distill`)"]
+    try:
+        rank = int(json.loads(config_file.read_text(encoding="utf-8")).get("r", 0))
+    except (ValueError, AttributeError):
+        return [f"sidecar.lora.path: {config_file} is not a PEFT adapter config"]
+    if rank > lora.max_rank:
+        return [f"sidecar.lora.max_rank: the adapter's rank is {rank}; set max_rank >= {rank}"]
+    return []
 
 
 def check_tool_format(dep: DeploymentReport, cfg: EngineConfig) -> None:

@@ -57,6 +57,7 @@ PEER = "ngram"
 AGENT_SOURCE = "agent"
 SIDECAR = "sidecar"
 SIDECAR_VERIFY = "sidecar+verify"
+SIDECAR_BASE = "sidecar:base"  # the sidecar without its LoRA adapter (sidecar.lora)
 DRAFTS = "drafts"
 Case = BfclCase | AgentCase
 PARALLEL_CATEGORIES = frozenset(c for c in SUPPORTED_CATEGORIES if "parallel" in c)
@@ -121,6 +122,10 @@ register_mode(SIDECAR_VERIFY, {"ooo_spec": {"enabled": True, "pre_execute": Fals
                                             "await_prediction": True,
                                             "verify_prediction": True}},
               "as `sidecar`, the sidecar verifying its slots in one drafted pass",
+              sources=["bfcl"])
+register_mode(SIDECAR_BASE, {"ooo_spec": {"enabled": True, "pre_execute": False,
+                                          "await_prediction": True, "sidecar_adapter": False}},
+              "as `sidecar`, the sidecar's base model without its LoRA adapter",
               sources=["bfcl"])
 
 
@@ -444,7 +449,8 @@ def mark_agreement(
     committed = {r.case_id: r.tool_calls for r in records
                  if r.mode == baseline and r.ok and not r.warmup and r.tool_calls}
     for r in records:
-        if r.mode not in (SIDECAR, SIDECAR_VERIFY) or r.warmup or r.case_id not in committed:
+        if (r.mode not in (SIDECAR, SIDECAR_VERIFY, SIDECAR_BASE) or r.warmup
+                or r.case_id not in committed):
             continue
         try:
             main = [Invocation(name=c["name"], arguments=json.loads(c["arguments"]))

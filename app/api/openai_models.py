@@ -100,6 +100,9 @@ class OooSpecOptions(_Wire):
     await_prediction: bool = False
     # Overrides the server's `sidecar.verify` for this request (benchmarks compare both).
     verify_prediction: bool | None = None
+    # `false`: the sidecar predicts with its base model, without its LoRA adapter
+    # (`sidecar.lora`; benchmarks compare both on one server). No effect without an adapter.
+    sidecar_adapter: bool = True
     # Past committed calls as candidates, and this request's call kept for later ones. Off for
     # benchmarks that send the same question in several modes (it would answer itself).
     history: bool = True

@@ -144,6 +144,14 @@ def engine_launch(
     return cpu_launch(cfg, model_path, speculative_config)
 
 
+def with_lora(launch: EngineLaunch, max_rank: int) -> EngineLaunch:
+    """The same launch with vLLM's LoRA support on, for one adapter at a time (the sidecar's,
+    `sidecar.lora`); each request then names it in its `LoRARequest`."""
+    kwargs = {**launch.kwargs, "enable_lora": True, "max_lora_rank": max_rank, "max_loras": 1}
+    return EngineLaunch(launch.platform, kwargs, launch.env, launch.env_defaults,
+                        launch.env_unset)
+
+
 def _is_ngram(speculative_config: dict[str, Any] | None) -> bool:
     return speculative_config is not None and speculative_config.get("method") == "ngram"
 

@@ -33,7 +33,7 @@ from app.engine.tool_format import (
     render_forced_variants,
     with_system_text,
 )
-from app.engine.vllm_engine import VllmEngine
+from app.engine.vllm_engine import USE_ADAPTER, VllmEngine
 from app.spec.prediction import PredictedCall, Prediction
 from app.spec.tool_union import NO_CALL_NAME, invocation_union_schema
 
@@ -44,7 +44,8 @@ class SidecarService:
     def __init__(self, config: AppConfig) -> None:
         self.config = config
         # With the candidate proposer: the verifying pass over a call is drafted from its slots.
-        self.engine = VllmEngine(config.sidecar.engine, config.speculation)
+        self.engine = VllmEngine(config.sidecar.engine, config.speculation,
+                                 lora=config.sidecar.lora)
 
     def start(self) -> None:
         self.engine.start()
@@ -65,6 +66,8 @@ class SidecarService:
 
     async def predict(self, request: ChatCompletionRequest) -> Prediction:
         started = time.perf_counter()
+        # This request's engine requests (and the tasks they spawn) with the adapter or not.
+        USE_ADAPTER.set(request.ooo_spec.sidecar_adapter)
         mode = request.effective_tool_choice
         if mode == "none" or not request.tools:
             return Prediction(no_call=True)

@@ -21,9 +21,10 @@ import time
 from collections.abc import AsyncGenerator
 from contextvars import ContextVar
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from app.config import EngineConfig, SpeculationConfig
+from app.config import EngineConfig, SidecarLoraConfig, SpeculationConfig
 from app.engine.candidate_store import CandidateStore, RequestSpeculation
 from app.engine.embedded_model import resolve_model_path
 from app.engine.engine_args import (
@@ -32,6 +33,7 @@ from app.engine.engine_args import (
     custom_proposer_config,
     detect_platform,
     engine_launch,
+    with_lora,
 )
 from app.engine.logprobs import TokenLogprobs, from_engine
 
@@ -48,6 +50,12 @@ def use_cache_salt(salt: str | None) -> None:
     """Set `CACHE_SALT` for the current context (a function, so Ray deployments can call it
     without holding the unpicklable ContextVar themselves)."""
     CACHE_SALT.set(salt)
+
+
+# Whether the engine requests made in this context carry the engine's LoRA adapter (when it
+# has one, `sidecar.lora`); the sidecar turns it off per request (`ooo_spec.sidecar_adapter`)
+# so a benchmark compares the adapter with the base model on one server.
+USE_ADAPTER: ContextVar[bool] = ContextVar("ooo_spec_use_adapter", default=True)
 
 
 
@@ -147,12 +155,16 @@ class VllmEngine:
         cfg: EngineConfig,
         speculation: SpeculationConfig | None = None,
         vllm_speculative: dict[str, Any] | None = None,
+        lora: SidecarLoraConfig | None = None,
     ) -> None:
+        """`lora`: an adapter every request carries (the sidecar's; vLLM's LoRA support)."""
         if speculation is not None and vllm_speculative is not None:
             raise ValueError("an engine has either the candidate proposer or vLLM's own method")
         self.cfg = cfg
         self.speculation = speculation
         self.vllm_speculative = vllm_speculative
+        self.lora = lora
+        self.lora_request: Any = None  # vLLM's LoRARequest for `lora`, built with the engine
         self.store = CandidateStore()
         self._commands: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[Any]]] = {}
@@ -177,6 +189,9 @@ class VllmEngine:
         current stream is per thread and CUDA graphs are captured during the build, so the
         thread that steps must be the one that built. A build error is raised here.
         """
+        if self.lora is not None and not (Path(self.lora.path) / "adapter_config.json").is_file():
+            # vLLM would only fail at the first request; a replica without it must not start.
+            raise EngineError(f"sidecar.lora.path: no adapter_config.json in {self.lora.path}")
         platform = detect_platform()
         self.model_path = resolve_model_path(self.cfg.model)
         speculative = (
@@ -185,6 +200,8 @@ class VllmEngine:
             else self.vllm_speculative
         )
         self.launch = engine_launch(platform, self.cfg, self.model_path, speculative)
+        if self.lora is not None:
+            self.launch = with_lora(self.launch, self.lora.max_rank)
         apply_env(self.launch, os.environ)
         if platform == "cuda":
             from app.engine.cuda_driver import check_driver
@@ -208,6 +225,10 @@ class VllmEngine:
         assert self.launch is not None, "start() sets the launch before the thread runs"
         self.engine = LLMEngine.from_engine_args(EngineArgs(**self.launch.kwargs))
         self.tokenizer = self.engine.get_tokenizer()
+        if self.lora is not None:
+            from vllm.lora.request import LoRARequest
+
+            self.lora_request = LoRARequest("ooo-spec-adapter", 1, self.lora.path)
         if self.speculation is not None:
             from app.engine.candidate_proposer import bind_proposer
             from app.engine.draft_policy import DraftPolicy
@@ -291,9 +312,12 @@ class VllmEngine:
             return
         while True:
             if cmd == "add":
-                request_id, prompt, params, reply = arg
+                request_id, prompt, params, adapter, reply = arg
                 try:
-                    internal = self.engine.add_request(request_id, prompt, params)
+                    internal = self.engine.add_request(
+                        request_id, prompt, params,
+                        lora_request=self.lora_request if adapter else None,
+                    )
                     reply(internal, None)
                 except Exception as exc:  # bad params: tell the caller, keep serving
                     reply(None, exc)
@@ -396,7 +420,9 @@ class VllmEngine:
             salt = cache_salt if cache_salt is not None else CACHE_SALT.get()
             if salt is not None:
                 prompt["cache_salt"] = salt
-            self._commands.put(("add", (external_id, prompt, params, reply_and_register)))
+            self._commands.put(
+                ("add", (external_id, prompt, params, USE_ADAPTER.get(), reply_and_register))
+            )
             try:
                 internal_id = await added
             except Exception as exc:

@@ -83,8 +83,11 @@ def test_builtin_modes() -> None:
     assert [m for m in MODES if not MODES[m].applies_to("bfcl")] == ["ooo+tools"]
     # The re-alignment and sidecar measurements are BFCL-only.
     assert [m for m in MODES if not MODES[m].applies_to("agent")] == [
-        "ooo:no-realign", "sidecar", "sidecar+verify"]
+        "ooo:no-realign", "sidecar", "sidecar+verify", "sidecar:base"]
     assert MODES["sidecar"].extra_body["ooo_spec"]["await_prediction"] is True
+    # The sidecar without its LoRA adapter, beside `sidecar` in one run.
+    assert MODES["sidecar:base"].extra_body["ooo_spec"] == {
+        **MODES["sidecar"].extra_body["ooo_spec"], "sidecar_adapter": False}
     assert MODES["ooo:no-realign"].extra_body["ooo_spec"]["realign"] is False
 
 
@@ -577,8 +580,11 @@ def test_agreement_compares_the_prediction_with_plains_call() -> None:
     wrong = Record(case.id, case.category, "sidecar", 1,
                    prediction_calls=[{"name": name, "arguments": {**args, "extra": 2}}])
     late = Record("other", case.category, "sidecar", 1, prediction_calls=[])
-    mark_agreement([plain, right, wrong, late], [case])
+    base = Record(case.id, case.category, "sidecar:base", 2,
+                  prediction_calls=[{"name": name, "arguments": args}])
+    mark_agreement([plain, right, wrong, late, base], [case])
     assert right.agrees_whole is True and right.agrees_required is True
+    assert base.agrees_whole is True  # the sidecar without its adapter is measured too
     assert wrong.agrees_whole is False and wrong.agrees_required is True
     assert late.agrees_whole is None  # no plain call to agree with
 

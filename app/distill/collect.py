@@ -1,0 +1,114 @@
+"""Collection: the main model's own committed calls on a dataset, as `Sample`s.
+
+Each case goes through `MainModelService` in-process, `prepare` then `run`, exactly as the
+MainModel deployment serves a request with `ooo_spec.enabled: false` (plain decoding): the
+same chat template, forced-call grammar and sampling. The request is the one the benchmark
+sends (`load_tests/bench.py`: `tool_choice: required`, temperature 0, max_tokens 256, one
+call), so the calls collected are the calls the sidecar is later measured against, on other
+questions. Outputs cut short by max_tokens commit no call and are left out.
+
+Sources (`load_cases`): BFCL categories other than the measured ones (`MEASURED`, refused
+here so no measured question is ever trained on). Not yet: the agent scenarios (their tools
+come from a running server's `GET /v1/tools`), synthetic tool sets from JSON Schemas, and the
+router's history store. The BFCL loader of load_tests/ is imported when asked for: the command
+runs from the repository root, as `ooo-spec bench` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from app.api.openai_models import ChatCompletionRequest
+from app.distill.pairs import CommittedCall, Sample
+from app.engine.main_model import MainModelService
+
+# The benchmark's agreement cases (issue: BFCL simple_python + multiple): never collected.
+MEASURED = frozenset({"simple_python", "multiple"})
+DEFAULT_SOURCES = ("bfcl:parallel", "bfcl:parallel_multiple", "bfcl:live_simple",
+                   "bfcl:live_multiple")
+MAX_TOKENS = 256  # the benchmark's
+
+
+class DistillCase(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    source: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+
+
+def request_body(case: DistillCase) -> dict[str, Any]:
+    """The chat request the benchmark sends for a BFCL case, in plain mode."""
+    return {
+        "model": "main", "messages": case.messages, "tools": case.tools,
+        "tool_choice": "required", "temperature": 0.0, "max_tokens": MAX_TOKENS,
+        "ooo_spec": {"enabled": False, "history": False},
+    }
+
+
+def load_cases(sources: Sequence[str], limit: int | None) -> list[DistillCase]:
+    """Up to `limit` cases per source `bfcl:<category>`."""
+    cases: list[DistillCase] = []
+    for source in sources:
+        if source.startswith("bfcl:"):
+            category = source.removeprefix("bfcl:")
+            if category in MEASURED:
+                raise ValueError(f"{source}: measured by the benchmark, never trained on")
+            from load_tests.bfcl import load_bfcl
+
+            cases += [DistillCase(id=c.id, source=source, messages=c.messages, tools=c.tools)
+                      for c in load_bfcl(category, limit)]
+        else:
+            raise ValueError(f"unknown source {source!r}: bfcl:<category>")
+    return cases
+
+
+async def collect_one(service: MainModelService, case: DistillCase) -> Sample | None:
+    request = ChatCompletionRequest.model_validate(request_body(case))
+    final: dict[str, Any] = {}
+    async for event in service.run(service.prepare(request), None):
+        final = event
+    if final.get("finish_reason") == "length" or not final.get("calls"):
+        return None
+    return Sample(case_id=case.id, source=case.source, request=request_body(case),
+                  text=final["text"],
+                  calls=[CommittedCall.model_validate(c) for c in final["calls"]])
+
+
+async def collect(
+    service: MainModelService, cases: Sequence[DistillCase], concurrency: int = 4,
+    on_done: Callable[[Sample | None], None] | None = None,
+) -> list[Sample]:
+    """Every case through the main model, `concurrency` at a time (the engine batches them);
+    a case the server would refuse (a 4xx) is skipped like one cut short."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(case: DistillCase) -> Sample | None:
+        async with gate:
+            try:
+                sample = await collect_one(service, case)
+            except Exception:  # refused (too long for the context, schema it cannot compile)
+                sample = None
+            if on_done is not None:
+                on_done(sample)
+            return sample
+
+    results = await asyncio.gather(*(one(c) for c in cases))
+    return [s for s in results if s is not None]
+
+
+def write_samples(path: Path, samples: Iterable[Sample]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(s.model_dump_json() + "\n" for s in samples), encoding="utf-8")
+
+
+def read_samples(path: Path) -> list[Sample]:
+    return [Sample.model_validate(json.loads(line))
+            for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]

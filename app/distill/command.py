@@ -1,0 +1,119 @@
+"""`ooo-spec sidecar distill`: collect, render, train, report, in one resumable command.
+
+Everything goes under `--out`:
+- `samples.jsonl`: the main model's committed calls (collection is skipped when it exists);
+- `pairs.jsonl`: the training pairs, rendered again on every run (cheap, and always what
+  today's sidecar code renders);
+- `checkpoint/`: the training state every `--checkpoint-every` steps (a rerun resumes);
+- `adapter/`: the finished adapter, for `sidecar.lora.path`;
+- `report.json`: held-out agreement before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+from app.config import AppConfig
+
+
+def load_app_config(path: str) -> AppConfig:
+    """The app's config from a Serve config file (its first application's args)."""
+    import yaml
+
+    data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    applications = data.get("applications") or [{}]
+    return AppConfig.model_validate(applications[0].get("args") or {})
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def collect_samples(config: AppConfig, args: argparse.Namespace, path: Path) -> None:
+    from tqdm import tqdm
+
+    from app.distill.collect import collect, load_cases, write_samples
+    from app.engine.main_model import MainModelService
+
+    cases = load_cases(args.sources.split(","), args.limit)
+    _say(f"ooo-spec: collecting the main model's calls on {len(cases)} cases "
+         f"({args.sources}, up to {args.limit} each)")
+    service = MainModelService(config)
+    service.start()
+    try:
+        bar = tqdm(total=len(cases), desc="collecting", unit="req", disable=args.no_progress)
+        samples = asyncio.run(collect(service, cases, args.concurrency,
+                                      on_done=lambda _: bar.update(1)))
+        bar.close()
+    finally:
+        service.engine.stop()
+    write_samples(path, samples)
+    _say(f"ooo-spec: {len(samples)} committed calls in {path}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from app.distill.collect import read_samples
+    from app.distill.pairs import offline_sidecar, render_pairs, split
+    from app.distill.report import format_report
+    from app.distill.train import TrainSettings, run_training
+    from app.engine.embedded_model import resolve_model_path
+
+    config = load_app_config(args.config)
+    out = Path(args.out)
+    samples_path = Path(args.samples) if args.samples else out / "samples.jsonl"
+    if not samples_path.is_file():
+        collect_samples(config, args, samples_path)
+    samples = read_samples(samples_path)
+    sidecar = offline_sidecar(config)
+    kinds: Any = tuple(args.kinds.split(","))
+    pairs = [p for s in samples for p in render_pairs(s, sidecar, kinds)]
+    pairs = [p for p in pairs if len(p.prompt_ids) + len(p.target_ids)
+             <= config.sidecar.engine.max_model_len]
+    (out / "pairs.jsonl").write_text("".join(p.model_dump_json() + "\n" for p in pairs))
+    train_pairs, held_out = split(pairs, args.held_out, args.seed)
+    _say(f"ooo-spec: {len(pairs)} pairs from {len(samples)} calls: {len(train_pairs)} to train "
+         f"on, {len(held_out)} held out")
+    settings = TrainSettings(steps=args.steps, batch_size=args.batch_size,
+                             learning_rate=args.learning_rate, rank=args.rank,
+                             alpha=2 * args.rank, seed=args.seed,
+                             checkpoint_every=args.checkpoint_every)
+    report = run_training(resolve_model_path(config.sidecar.engine.model), train_pairs,
+                          held_out, out, settings, progress=not args.no_progress)
+    print(format_report(report))
+    _say(f"ooo-spec: adapter in {out / 'adapter'}; serve it with sidecar.lora.path: "
+         f"{out / 'adapter'} (sidecar.lora.max_rank >= {args.rank})")
+    return 0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from app.distill.collect import DEFAULT_SOURCES
+    from app.distill.pairs import DEFAULT_KINDS
+
+    parser.add_argument("--config", default="configs/local.yaml",
+                        help="Serve config whose main and sidecar engines are distilled "
+                        "(default: configs/local.yaml)")
+    parser.add_argument("--out", default="distill_out", help="output folder (default: "
+                        "distill_out; a rerun resumes from what is there)")
+    parser.add_argument("--samples", default=None,
+                        help="collected samples (JSON Lines) to use instead of collecting")
+    parser.add_argument("--sources", default=",".join(DEFAULT_SOURCES),
+                        help="comma-separated bfcl:<category> sources; the benchmark's "
+                        "simple_python and multiple are refused")
+    parser.add_argument("--limit", type=int, default=40, help="cases per source (default 40)")
+    parser.add_argument("--concurrency", type=int, default=4,
+                        help="requests the main engine decodes at once while collecting")
+    parser.add_argument("--kinds", default=",".join(DEFAULT_KINDS),
+                        help="pair kinds to train on: name, slot, call (default name,slot)")
+    parser.add_argument("--held-out", type=float, default=0.2,
+                        help="share of the cases held out for the agreement report")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--learning-rate", type=float, default=5e-4)
+    parser.add_argument("--rank", type=int, default=16, choices=(8, 16, 32, 64))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--checkpoint-every", type=int, default=50)
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")

@@ -1,0 +1,153 @@
+"""The sidecar's LoRA adapter (`sidecar.lora`) on the real engine: vLLM's LoRA support (CPU:
+punica_cpu) serves it on every sidecar request, `ooo_spec.sidecar_adapter: false` predicts
+with the base model, and the main model's output stays token-identical to plain decoding when
+it drafts from the adapted sidecar's predictions (the adapter changes the sidecar only).
+The same main engine also runs the distillation's collection (`ooo-spec sidecar distill`):
+BFCL cases of categories the benchmark does not measure, as plain requests, each committed call
+a sample whose pairs are the sidecar's own slot prompts with the values the main model wrote.
+
+The adapter is a seeded random one (PEFT with `init_lora_weights=False`: B is not zero, so
+the adapter changes the outputs; a freshly initialised LoRA would not) on the embedded model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.api.openai_models import ChatCompletionRequest
+from app.config import AppConfig, SidecarConfig, SidecarLoraConfig
+from app.distill.collect import collect, load_cases
+from app.distill.pairs import offline_sidecar, render_pairs
+from app.engine.embedded_model import resolve_model_path
+from app.engine.main_model import MainModelService
+from app.engine.sidecar import SidecarService
+from app.engine.tool_format import parse_forced
+from app.engine.vllm_engine import USE_ADAPTER
+from app.spec.validation import validate_arguments
+from tests.integration.test_lossless import PROMPTS, TOOLS
+
+pytestmark = pytest.mark.integration
+
+
+def random_adapter(folder: Path, seed: int = 0) -> Path:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from app.distill.train import TARGET_MODULES
+
+    torch.manual_seed(seed)
+    base = AutoModelForCausalLM.from_pretrained(resolve_model_path("embedded"),
+                                                dtype=torch.float32)
+    config = LoraConfig(r=8, lora_alpha=16, target_modules=list(TARGET_MODULES),
+                        init_lora_weights=False, task_type="CAUSAL_LM")
+    get_peft_model(base, config).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory: pytest.TempPathFactory) -> AppConfig:
+    adapter = random_adapter(tmp_path_factory.mktemp("adapter"))
+    return AppConfig(sidecar=SidecarConfig(lora=SidecarLoraConfig(path=str(adapter), max_rank=8)))
+
+
+@pytest.fixture(scope="module")
+def sidecar(config: AppConfig) -> Iterator[SidecarService]:
+    service = SidecarService(config)
+    service.start()
+    yield service
+    service.engine.stop()
+
+
+@pytest.fixture(scope="module")
+def main(config: AppConfig) -> Iterator[MainModelService]:
+    service = MainModelService(config)
+    service.start()
+    yield service
+    service.engine.stop()
+
+
+def request(prompt: str, **ooo_spec: Any) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate({
+        "model": "m", "messages": [{"role": "user", "content": prompt}], "tools": TOOLS,
+        "tool_choice": "required", "temperature": 0, "max_tokens": 96, "ooo_spec": ooo_spec,
+    })
+
+
+async def _greedy(service: SidecarService, prompt: list[int], adapter: bool) -> list[int]:
+    USE_ADAPTER.set(adapter)
+    result = await service.engine.generate(prompt, {"max_tokens": 16, "temperature": 0.0})
+    return result.token_ids
+
+
+def test_the_adapter_is_served_per_request(sidecar: SidecarService) -> None:
+    assert sidecar.engine.lora_request is not None
+    prompt = sidecar.slot_prompt(request(PROMPTS[0]))
+    adapted = asyncio.run(_greedy(sidecar, prompt, adapter=True))
+    base = asyncio.run(_greedy(sidecar, prompt, adapter=False))
+    assert adapted != base, "the adapter changed nothing: it is not applied"
+    # Per request and repeatable: the base model again, then the adapter again.
+    assert asyncio.run(_greedy(sidecar, prompt, adapter=False)) == base
+    assert asyncio.run(_greedy(sidecar, prompt, adapter=True)) == adapted
+
+
+def test_adapted_predictions_are_calls_that_fit_their_schema(sidecar: SidecarService) -> None:
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    for adapter in (True, False):
+        prediction = asyncio.run(sidecar.predict(request(PROMPTS[2], sidecar_adapter=adapter)))
+        assert prediction.error is None and prediction.candidates
+        for [call] in prediction.candidates:
+            assert validate_arguments(call.arguments, schemas[call.name]) == []
+
+
+async def _main_tokens(main: MainModelService, sidecar: SidecarService | None, text: str
+                       ) -> list[int]:
+    chat = request(text, enabled=sidecar is not None)
+    prediction = sidecar.predict(chat) if sidecar is not None else None
+    final: dict[str, Any] = {}
+    async for event in main.run(main.prepare(chat), prediction):
+        final = event
+    return list(final["token_ids"])
+
+
+@pytest.mark.parametrize("text", [PROMPTS[0], PROMPTS[4]])
+def test_main_output_is_token_identical_with_the_adapted_sidecar(
+    main: MainModelService, sidecar: SidecarService, text: str
+) -> None:
+    assert main.engine.lora is None and main.engine.lora_request is None
+    plain = asyncio.run(_main_tokens(main, None, text))
+    drafted = asyncio.run(_main_tokens(main, sidecar, text))
+    assert drafted == plain, f"{text!r}: output differs from plain decoding"
+
+
+def test_collected_calls_are_the_main_models_and_render_as_slot_pairs(
+    main: MainModelService,
+) -> None:
+    cases = load_cases(["bfcl:parallel", "bfcl:live_simple"], 2)
+    samples = asyncio.run(collect(main, cases, concurrency=2))
+    assert samples, "no committed call in four cases"
+    by_id = {c.id: c for c in cases}
+    sidecar = offline_sidecar(AppConfig(), main.engine.tokenizer)
+    decode = main.engine.tokenizer.decode
+    for sample in samples:
+        case = by_id[sample.case_id]
+        # What the main model wrote, parsed as the server parses a forced call.
+        parsed = parse_forced(sample.text, None).calls
+        assert [(c.name, c.arguments) for c in parsed] == [
+            (c.name, c.arguments) for c in sample.calls]
+        schemas = {t["function"]["name"]: t["function"]["parameters"] for t in case.tools}
+        call = sample.calls[0]
+        assert validate_arguments(call.arguments, schemas[call.name]) == []
+        slots = [p for p in render_pairs(sample, sidecar) if p.kind == "slot"]
+        assert [p.key for p in slots] == [k for k in schemas[call.name]["properties"]
+                                          if k in call.arguments]
+        for p in slots:
+            assert p.key is not None
+            value = json.dumps(call.arguments[p.key], ensure_ascii=False)
+            assert decode(p.target_ids).strip().rstrip(",") == value

@@ -1,0 +1,252 @@
+"""`ooo-spec sidecar distill` (app/distill/): pairs rendered with the sidecar's own prompt
+functions, the seeded split, the training loop on a tiny model (determinism, resume, it
+learns), the agreement report, and the serving config (`sidecar.lora`)."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.api.openai_models import ChatCompletionRequest
+from app.config import AppConfig, SidecarLoraConfig
+from app.distill import collect
+from app.distill.pairs import (
+    KINDS,
+    CommittedCall,
+    Pair,
+    Sample,
+    offline_sidecar,
+    render_pairs,
+    slot_target,
+    split,
+)
+from app.distill.report import agreement
+from app.distill.train import IGNORE, TrainSettings, batch_indices, collate
+from app.engine import slot_filling
+
+ADD = {"type": "function", "function": {"name": "add", "description": "Add two numbers",
+       "parameters": {"type": "object", "properties": {
+           "a": {"type": "integer"}, "b": {"type": "number"}, "note": {"type": "string"}},
+           "required": ["a", "b"]}}}
+CITY = {"type": "function", "function": {"name": "weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+TEXT = ('[\n{\n    "name": "add",\n    "arguments": {\n        "a": 3,\n        "b": 4.5\n'
+        '    }\n}\n]')
+
+
+@cache
+def tokenizer() -> Any:
+    from transformers import AutoTokenizer
+
+    from app.engine.embedded_model import is_prepared, resolve_model_path
+
+    if not is_prepared():
+        pytest.skip("the embedded model is not prepared (`make model`)")
+    return AutoTokenizer.from_pretrained(resolve_model_path("embedded"))
+
+
+def sample(tools: list[dict[str, Any]], arguments: dict[str, Any], case_id: str = "c1",
+           name: str = "add", choice: Any = "required") -> Sample:
+    return Sample(case_id=case_id, source="test", text=TEXT,
+                  request={"messages": [{"role": "user", "content": "add 3 and 4.5"}],
+                           "tools": tools, "tool_choice": choice},
+                  calls=[CommittedCall(name=name, arguments=arguments)])
+
+
+def test_slot_targets_are_what_each_slot_grammar_writes() -> None:
+    params = ADD["function"]["parameters"]
+    # Numeric slots: a regex that ends with the separator the main model writes next.
+    assert slot_target(params, "a", 3, last=False) == "3,"
+    assert slot_target(params, "b", 4.5, last=True) == "4.5\n"
+    # Other slots: the JSON value, with the space the slot's tail leaves out.
+    assert slot_target(params, "note", "héllo", last=True) == ' "héllo"'
+    assert slot_filling.slot_regex(params, "note") is None
+
+
+def test_pairs_are_the_sidecars_own_prompts_and_the_main_models_values() -> None:
+    sidecar = offline_sidecar(AppConfig(), tokenizer())
+    encode, decode = tokenizer().encode, tokenizer().decode
+    s = sample([ADD, CITY], {"a": 3, "b": 4.5})
+    pairs = render_pairs(s, sidecar, KINDS)
+    request = ChatCompletionRequest.model_validate(s.request)
+    prompt = sidecar.slot_prompt(request)
+    assert [(p.kind, p.key) for p in pairs] == [
+        ("name", None), ("slot", "a"), ("slot", "b"), ("call", None)]
+    name, a, b, call = pairs
+    assert name.prompt_ids == prompt + encode(slot_filling.name_prefix("required"),
+                                              add_special_tokens=False)
+    assert decode(name.target_ids) == 'add"'
+    params = ADD["function"]["parameters"]
+    assert a.prompt_ids == prompt + sidecar._slot_tail("required", "add", params, "a")
+    assert decode(a.target_ids) == "3,"
+    assert b.prompt_ids == prompt + sidecar._slot_tail("required", "add", params, "b")
+    assert decode(b.target_ids) == "4.5\n"
+    assert call.prompt_ids == prompt and decode(call.target_ids) == TEXT
+    # The signature prompt (sidecar.prompt: signatures), not the main model's JSON listing.
+    assert "add(a: integer, b: number, note?: string) - Add two numbers" in decode(prompt)
+
+
+def test_which_pairs_a_sample_makes() -> None:
+    sidecar = offline_sidecar(AppConfig(), tokenizer())
+    # One tool: no choice to learn; the optional key the main model wrote is a slot too.
+    kinds = [(p.kind, p.key) for p in render_pairs(
+        sample([ADD], {"a": 1, "b": 2, "note": "x"}), sidecar)]
+    assert kinds == [("slot", "a"), ("slot", "b"), ("slot", "note")]
+    # A named tool: nothing to choose either, and the call opens without a list.
+    named = {"type": "function", "function": {"name": "add"}}
+    [pair, _] = render_pairs(sample([ADD, CITY], {"a": 1, "b": 2}, choice=named), sidecar)
+    assert tokenizer().decode(pair.prompt_ids).endswith('{\n    "name": "add",\n    '
+                                                        '"arguments": {\n        "a": ')
+    # Nothing to learn from: a call of a tool the request does not offer, auto mode.
+    assert render_pairs(sample([ADD], {"a": 1}, name="nope"), sidecar) == []
+    assert render_pairs(sample([ADD], {"a": 1}, choice="auto"), sidecar) == []
+
+
+def pair(case_id: str, prompt: list[int], target: list[int], kind: Any = "slot") -> Pair:
+    return Pair(case_id=case_id, kind=kind, prompt_ids=prompt, target_ids=target)
+
+
+def test_split_keeps_a_case_on_one_side_and_is_seeded() -> None:
+    pairs = [pair(f"case{i}", [1], [2]) for i in range(200) for _ in range(3)]
+    train, held = split(pairs, 0.2, seed=0)
+    assert not {p.case_id for p in train} & {p.case_id for p in held}
+    assert 0.1 < len(held) / len(pairs) < 0.3
+    assert split(pairs, 0.2, seed=0) == (train, held)
+    assert split(pairs, 0.2, seed=1)[1] != held
+
+
+def test_batches_cover_every_pair_once_per_epoch_in_a_seeded_order() -> None:
+    epoch = [i for step in range(3) for i in batch_indices(10, 4, step, seed=0)]
+    assert sorted(epoch) == list(range(10))
+    assert batch_indices(10, 4, 3, seed=0) != batch_indices(10, 4, 0, seed=0)  # next epoch
+    assert batch_indices(10, 4, 1, seed=0) == batch_indices(10, 4, 1, seed=0)
+    assert batch_indices(10, 4, 0, seed=0) != batch_indices(10, 4, 0, seed=1)
+
+
+def test_collate_puts_the_loss_on_the_targets_only() -> None:
+    batch = collate([pair("a", [5, 6, 7], [8]), pair("b", [5], [9, 10])], pad_id=0)
+    assert batch["input_ids"].tolist() == [[5, 6, 7, 8], [5, 9, 10, 0]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 1, 0]]
+    assert batch["labels"].tolist() == [[IGNORE, IGNORE, IGNORE, 8], [IGNORE, 9, 10, IGNORE]]
+
+
+def test_agreement_counts_pairs_kinds_and_whole_cases() -> None:
+    pairs = [pair("x", [1], [2], "name"), pair("x", [1], [2]), pair("y", [1], [2])]
+    result = agreement(pairs, [True, False, True])
+    assert (result.pairs_agree, result.names_agree, result.slots_agree) == (0.6667, 1.0, 0.5)
+    assert (result.cases, result.cases_agree) == (2, 0.5)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tiny random Llama (128 tokens; the pairs use ids below that) saved with the
+    embedded model's tokenizer (its pad id): the loop in seconds."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path_factory.mktemp("tiny")
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=256, tie_word_embeddings=True)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer().save_pretrained(folder)
+    return str(folder)
+
+
+def _adapter_weights(folder: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "adapter" / "adapter_model.safetensors"))
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    import torch
+
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+PAIRS = [pair(f"c{i}", [1, 20 + i, 30, 40], [50 + i, 60]) for i in range(4)]
+
+
+def _train(model_path: str, out: Path, steps: int, seed: int = 0) -> Any:
+    from app.distill.train import run_training
+
+    settings = TrainSettings(steps=steps, batch_size=2, learning_rate=3e-2, rank=8, alpha=16,
+                             seed=seed, checkpoint_every=2)
+    return run_training(model_path, PAIRS, PAIRS, out, settings, progress=False)
+
+
+def test_training_is_seeded_resumable_and_learns_the_pairs(tiny_model: str,
+                                                            tmp_path: Path) -> None:
+    report = _train(tiny_model, tmp_path / "one", steps=40)
+    assert report.before.pairs_agree == 0.0  # a random model writes none of the targets
+    # It learns: a tiny model gets part of the pairs right in 40 steps (deterministic).
+    assert report.after.pairs_agree > 0 and report.after.cases_agree > 0
+    assert json.loads((tmp_path / "one" / "report.json").read_text())["steps"] == 40
+    adapter = tmp_path / "one" / "adapter"
+    assert json.loads((adapter / "adapter_config.json").read_text())["r"] == 8
+    # The same seed, stopped after 20 steps and resumed from the checkpoint: the same adapter.
+    _train(tiny_model, tmp_path / "two", steps=20)
+    assert json.loads((tmp_path / "two" / "checkpoint" / "state.json").read_text())["step"] == 20
+    _train(tiny_model, tmp_path / "two", steps=40)
+    assert _same(_adapter_weights(tmp_path / "one"), _adapter_weights(tmp_path / "two"))
+    # Another seed: another adapter.
+    _train(tiny_model, tmp_path / "three", steps=40, seed=1)
+    assert not _same(_adapter_weights(tmp_path / "one"), _adapter_weights(tmp_path / "three"))
+
+
+def test_collection_sends_the_benchmarks_plain_request_and_never_measured_cases() -> None:
+    from load_tests.bench import MODES, RequestSettings, build_request
+    from load_tests.bfcl import BfclCase
+
+    with pytest.raises(ValueError, match="measured"):
+        collect.load_cases(["bfcl:parallel", "bfcl:simple_python"], 1)
+    case = BfclCase(id="parallel_0", category="parallel",
+                    messages=[{"role": "user", "content": "hi"}], tools=[ADD],
+                    ground_truth=[], bfcl_names={"add": "add"})
+    bench = build_request(case, MODES["plain"], RequestSettings(model="m"))
+    ours = collect.request_body(collect.DistillCase(id=case.id, source="bfcl:parallel",
+                                                    messages=case.messages, tools=case.tools))
+    for key in ("tool_choice", "temperature", "max_tokens", "messages", "tools"):
+        assert ours[key] == bench[key], key
+    assert ours["ooo_spec"]["enabled"] is False
+    # One call: the bench sends parallel categories with parallel_tool_calls, but the sidecar's
+    # slots predict one call (simple_python, multiple), so that is what is collected.
+    assert "parallel_tool_calls" not in ours
+
+
+def test_the_adapter_config_and_its_check(tmp_path: Path) -> None:
+    from app.config_check import sidecar_lora_errors
+    from app.engine.engine_args import cpu_launch, with_lora
+
+    lora = SidecarLoraConfig(path=str(tmp_path))
+    assert "no adapter_config.json" in sidecar_lora_errors(lora)[0]
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 32}))
+    assert "max_rank" in sidecar_lora_errors(lora)[0]
+    assert sidecar_lora_errors(SidecarLoraConfig(path=str(tmp_path), max_rank=32)) == []
+    config = AppConfig.model_validate({"sidecar": {"lora": {"path": str(tmp_path)}}})
+    assert config.sidecar.lora is not None and config.main.engine == AppConfig().main.engine
+    launch = with_lora(cpu_launch(config.sidecar.engine, "/m"), 16)
+    assert launch.kwargs["enable_lora"] is True and launch.kwargs["max_lora_rank"] == 16
+
+
+def test_the_command_is_registered() -> None:
+    from app.cli import build_parser
+
+    args = build_parser().parse_args(["sidecar", "distill", "--steps", "3", "--limit", "2"])
+    assert (args.steps, args.limit, args.seed) == (3, 2, 0)
+
+
+def test_an_engine_whose_adapter_is_missing_does_not_start(tmp_path: Path) -> None:
+    from app.config import EngineConfig
+    from app.engine.vllm_engine import EngineError, VllmEngine
+
+    engine = VllmEngine(EngineConfig(), lora=SidecarLoraConfig(path=str(tmp_path / "none")))
+    with pytest.raises(EngineError, match="adapter_config.json"):
+        engine.start()
+    assert engine.engine is None
