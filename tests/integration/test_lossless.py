@@ -418,8 +418,8 @@ CHATS = [
 
 async def test_auto_mode_is_token_identical(engine: VllmEngine) -> None:
     """`tool_choice: auto`, the main replica's own path (the gate of app/engine/auto_drafts.py,
-    schema drafts once a call opens): 16 questions, some that need a tool and some chit-chat,
-    each decoded plainly and with three predictions (48 speculative requests) — the right call
+    schema drafts once a call opens): 12 questions, some that need a tool and some chit-chat,
+    each decoded plainly and with three predictions (36 speculative requests) — the right call
     (or, for a text answer, a call the model does not make), a wrong argument, and the sidecar's
     "no call" — token-identical to plain decoding every time."""
     config = AppConfig.model_validate({"speculation": {"history": {"enabled": False}}})
@@ -448,7 +448,7 @@ async def test_auto_mode_is_token_identical(engine: VllmEngine) -> None:
 
     kinds = {"call": 0, "text": 0}
     drafted_in_calls = accepted_in_calls = 0
-    for text in PROMPTS + CHATS:
+    for text in PROMPTS[:6] + CHATS[:6]:
         plain = await generate(text, None)
         calls = [ParsedCall(c["name"], c["arguments"]) for c in plain["calls"]]
         right = calls or [ParsedCall("get_weather", {"city": "Paris"})]
@@ -469,5 +469,5 @@ async def test_auto_mode_is_token_identical(engine: VllmEngine) -> None:
     print(f"auto mode: {kinds}, right calls drafted {drafted_in_calls}, accepted "
           f"{accepted_in_calls}")
     # Both kinds of answer were exercised, and the right calls were drafted and accepted.
-    assert kinds["call"] >= 4 and kinds["text"] >= 4, kinds
+    assert kinds["call"] >= 3 and kinds["text"] >= 3, kinds
     assert accepted_in_calls > drafted_in_calls // 4 > 0, (drafted_in_calls, accepted_in_calls)
