@@ -8,9 +8,12 @@ the baseline), `ngram` (vLLM's own prompt-lookup speculation on the server's sec
 BFCL's tools are unknown to the server). Modes live in `MODES`; add one with `register_mode`.
 
 Datasets: BFCL categories (`bfcl:simple_python,multiple,...`) and the multi-turn agent scenario
-set (`agent`, load_tests/agent_scenarios.py). Agent requests run the server-side agent loop
-(`execute_tools: true`) in every mode, so every mode pays for the same tool executions and only
-`ooo+tools` may start them early.
+set (`agent`, load_tests/agent_scenarios.py). The `auto` dataset asks the same questions with
+`tool_choice: auto`, as agent frameworks do (`bfcl-auto:<category>`, `agent-auto`; `auto` is
+`bfcl-auto:simple_python,multiple` and `agent-auto`): the model may answer in text or call, and
+its cases are reported apart (`main passes / call` counts passes per committed call). Agent
+requests run the server-side agent loop (`execute_tools: true`) in every mode, so every mode
+pays for the same tool executions and only `ooo+tools` may start them early.
 
 Requests are interleaved case by case: for each case every mode runs once, and the order of
 the modes rotates from one case to the next, so no mode always goes first (cold caches, a
@@ -59,8 +62,37 @@ SIDECAR = "sidecar"
 SIDECAR_VERIFY = "sidecar+verify"
 SIDECAR_BASE = "sidecar:base"  # the sidecar without its LoRA adapter (sidecar.lora)
 DRAFTS = "drafts"
-Case = BfclCase | AgentCase
+BFCL_AUTO = "bfcl-auto"
+AGENT_AUTO = "agent-auto"
+AGENT_SOURCES = frozenset({AGENT_SOURCE, AGENT_AUTO})
 PARALLEL_CATEGORIES = frozenset(c for c in SUPPORTED_CATEGORIES if "parallel" in c)
+
+
+@dataclass(frozen=True)
+class AutoCase:
+    """A case of the `auto` dataset: a BFCL question or an agent scenario asked with
+    `tool_choice: auto` (the model chooses between a text answer and a call)."""
+
+    inner: BfclCase | AgentCase
+
+    @property
+    def id(self) -> str:  # apart from the same question asked in forced mode in one run
+        return f"{self.inner.id}@auto"
+
+    @property
+    def category(self) -> str:
+        return self.inner.category
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        return self.inner.messages
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        return self.inner.tools
+
+
+Case = BfclCase | AgentCase | AutoCase
 
 
 # ---------------------------------------------------------------- modes
@@ -107,7 +139,7 @@ register_mode(DRAFTS, {"ooo_spec": {"enabled": True, "pre_execute": False, "side
               "speculation without the sidecar: schema drafts and prompt lookup only")
 register_mode("ooo+tools", {"ooo_spec": {"enabled": True, "pre_execute": True}},
               "speculation plus pre-execution of predicted server-known tools",
-              sources=[AGENT_SOURCE])
+              sources=AGENT_SOURCES)
 # What re-alignment after a divergence is worth: drafting stops at the first mismatch.
 register_mode("ooo:no-realign",
               {"ooo_spec": {"enabled": True, "pre_execute": False, "realign": False}},
@@ -164,28 +196,34 @@ class DatasetSpec:
         return f"{self.source}:{self.category}"
 
 
-DATASET_SOURCES = ("bfcl", AGENT_SOURCE)
+DATASET_SOURCES = ("bfcl", AGENT_SOURCE, BFCL_AUTO, AGENT_AUTO)
 # Shorthands for several categories at once.
 BFCL_GROUPS: dict[str, tuple[str, ...]] = {"core": CORE_CATEGORIES}
+# `auto`: the questions of the `auto` dataset.
+AUTO_SET = (f"{BFCL_AUTO}:simple_python", f"{BFCL_AUTO}:multiple", AGENT_AUTO)
 
 
 def parse_dataset_spec(spec: str) -> list[DatasetSpec]:
     """`"bfcl:simple_python,multiple"` or `"bfcl:simple_python,bfcl:parallel"` -> specs.
 
     An item without `source:` takes the source of the item before it; `bfcl:core` means the
-    four core categories; `agent` is the whole agent scenario set. Duplicates are dropped,
-    order kept.
+    four core categories; `agent` is the whole agent scenario set; `bfcl-auto:<category>` and
+    `agent-auto` the same with `tool_choice: auto`, and `auto` both (`AUTO_SET`). Duplicates
+    are dropped, order kept.
     """
     out: list[DatasetSpec] = []
     source: str | None = None
-    for raw in spec.split(","):
+    items = [i for raw in spec.split(",")
+             for i in (AUTO_SET if raw.strip() == "auto" else (raw,))]
+    for raw in items:
         item = raw.strip()
         if not item:
             continue
-        if item in (AGENT_SOURCE, f"{AGENT_SOURCE}:all"):
-            source = AGENT_SOURCE
-            if DatasetSpec(AGENT_SOURCE, "all") not in out:
-                out.append(DatasetSpec(AGENT_SOURCE, "all"))
+        agent = item.removesuffix(":all")
+        if agent in AGENT_SOURCES:
+            source = agent
+            if DatasetSpec(agent, "all") not in out:
+                out.append(DatasetSpec(agent, "all"))
             continue
         if ":" in item:
             source, _, category = item.partition(":")
@@ -198,8 +236,9 @@ def parse_dataset_spec(spec: str) -> list[DatasetSpec]:
             raise ValueError(
                 f"unknown dataset source {source!r}; known: {', '.join(DATASET_SOURCES)}"
             )
-        if source == AGENT_SOURCE:
-            raise ValueError(f"the agent set has no category {category!r}; write just 'agent'")
+        if source in AGENT_SOURCES:
+            raise ValueError(f"the agent set has no category {category!r}; write just "
+                             f"'{source}'")
         categories = BFCL_GROUPS.get(category, (category,))
         for name in categories:
             if name not in SUPPORTED_CATEGORIES:
@@ -226,16 +265,23 @@ def load_cases(
 
     cases: list[Case] = []
     for spec in specs:
-        if spec.source == AGENT_SOURCE:
+        loaded: list[BfclCase] | list[AgentCase]
+        if spec.source in AGENT_SOURCES:
             if server_tools is None:
                 raise ValueError("the agent set needs the server's tool listing")
-            cases += load_agent_cases(server_tools(), limit)
+            loaded = load_agent_cases(server_tools(), limit)
         else:
-            cases += load_bfcl(spec.category, limit)
+            loaded = load_bfcl(spec.category, limit)
+        if spec.source in (BFCL_AUTO, AGENT_AUTO):
+            cases += [AutoCase(c) for c in loaded]
+        else:
+            cases += loaded
     return cases
 
 
 def case_source(case: Case) -> str:
+    if isinstance(case, AutoCase):
+        return AGENT_AUTO if isinstance(case.inner, AgentCase) else BFCL_AUTO
     return AGENT_SOURCE if isinstance(case, AgentCase) else "bfcl"
 
 
@@ -252,6 +298,10 @@ class RequestSettings:
 
 def build_request(case: Case, mode: Mode, settings: RequestSettings) -> dict[str, Any]:
     """Keyword arguments of `client.chat.completions.create` for one case in one mode."""
+    if isinstance(case, AutoCase):
+        kwargs = build_request(case.inner, mode, settings)
+        kwargs["tool_choice"] = "auto"
+        return kwargs
     kwargs: dict[str, Any] = {
         "model": settings.model,
         "messages": case.messages,
@@ -343,6 +393,7 @@ def record_from_response(
 ) -> Record:
     """A `Record` from a parsed `ChatCompletion` (with its `ooo_spec` extra)."""
     report = _extras(response)
+    inner = case.inner if isinstance(case, AutoCase) else case
     main = report.get("main") or {}
     timings = report.get("timings_ms") or {}
     candidates = report.get("candidates") or []
@@ -381,7 +432,7 @@ def record_from_response(
         content=message.content,
         tool_calls=calls,
         # The agent set has no ground truth: its point is the same answer in every mode.
-        correct=score_output(calls, case) if isinstance(case, BfclCase) else None,
+        correct=score_output(calls, inner) if isinstance(inner, BfclCase) else None,
         source=case_source(case),
         first_commit_ms=timings.get("first_commit"),
         tools_ms=timings.get("tools"),
@@ -618,6 +669,8 @@ def mode_summary(records: Sequence[Record]) -> dict[str, Any]:
     hits = [r for r in ok if r.outcome == "hit"]
     e2e = [r.e2e_ms for r in ok]
     total_steps = sum(r.steps or 0 for r in ok)
+    # Calls the answers committed (the agent loop runs them on the server: its results).
+    calls = sum(len(r.tool_calls) or len(r.tool_results) for r in ok)
     return {
         "n": len(ok),
         "errors": len(measured) - len(ok),
@@ -634,6 +687,10 @@ def mode_summary(records: Sequence[Record]) -> dict[str, Any]:
         "saved_ms_median": median(sum(t["saved_ms"] or 0.0 for t in r.tool_results)
                                   for r in ok if r.tool_results),
         "steps_median": median(r.steps for r in ok),
+        # `auto` mode: the model may answer in text; passes per committed call compare modes
+        # whatever the mix.
+        "with_call": share(bool(r.tool_calls or r.tool_results) for r in ok),
+        "steps_per_call": total_steps / calls if calls else None,
         "steps_median_on_hits": median(r.steps for r in hits),
         "accepted_per_step": (
             sum(r.accepted_tokens or 0 for r in ok) / total_steps if total_steps else None
@@ -824,8 +881,9 @@ def run_command(args: Any, say: Callable[[str], None]) -> int:
         raise BenchError("--warmup must not be negative")
     # BFCL now (a bad category fails before any server starts); the agent set needs the
     # server's tool listing, so it loads once the server answers.
-    cases: list[Case] = load_cases([s for s in specs if s.source != AGENT_SOURCE], args.limit)
-    wants_agent = any(s.source == AGENT_SOURCE for s in specs)
+    cases: list[Case] = load_cases([s for s in specs if s.source not in AGENT_SOURCES],
+                                   args.limit)
+    wants_agent = any(s.source in AGENT_SOURCES for s in specs)
     if not cases and not wants_agent:
         raise BenchError(f"dataset {args.dataset} has no cases")
     unused = [m.name for m in modes
@@ -865,7 +923,7 @@ def run_command(args: Any, say: Callable[[str], None]) -> int:
         model = args.model or served_model(base_url)
         if wants_agent:
             try:
-                cases += load_cases([s for s in specs if s.source == AGENT_SOURCE], args.limit,
+                cases += load_cases([s for s in specs if s.source in AGENT_SOURCES], args.limit,
                                     server_tools=lambda: server_tool_listing(base_url))
             except ValueError as exc:
                 raise BenchError(str(exc)) from None
@@ -901,7 +959,8 @@ def run_command(args: Any, say: Callable[[str], None]) -> int:
             "started_server": bool(args.start),
             "config": args.config if args.start else None,
             "request": {"max_tokens": args.max_tokens, "temperature": 0.0,
-                        "tool_choice": "required", "timeout_s": args.timeout,
+                        "tool_choice": "required (auto on the bfcl-auto and agent-auto sets)",
+                        "timeout_s": args.timeout,
                         "agent": "tool_choice and max_tokens per scenario, execute_tools"},
             "slow_tool_ms": args.slow_tool_ms if args.start else None,
             "cases": len(cases),
@@ -942,7 +1001,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dataset", default="bfcl:simple_python",
                         help="comma-separated datasets, e.g. bfcl:simple_python,multiple,parallel,"
                         "parallel_multiple or bfcl:core, and `agent` (the multi-turn scenario set "
-                        "on the server's demo and bench tools) (default: bfcl:simple_python)")
+                        "on the server's demo and bench tools); `bfcl-auto:<category>`, "
+                        "`agent-auto`, or `auto` (both) ask them with tool_choice auto "
+                        "(default: bfcl:simple_python)")
     parser.add_argument("--limit", type=int, default=None,
                         help="first N cases of each category (default: all)")
     parser.add_argument("--modes", default="plain,ooo",

@@ -54,6 +54,8 @@ MODE_ROWS: tuple[tuple[str, str, Formatter], ...] = (
     ("e2e p50 ms when 1st / 2nd / ...", "e2e_ms_median_by_position", _by_position),
     ("main steps / request (median)", "steps_median", _num(1)),
     ("main steps on hits (median)", "steps_median_on_hits", _num(1)),
+    ("answers with a call", "with_call", _pct),
+    ("main passes / call", "steps_per_call", _num(1)),
     ("accepted tokens / step", "accepted_per_step", _num(2)),
     ("completion tokens / step", "tokens_per_step", _num(2)),
     ("decode ms (median)", "decode_ms_median", _num()),

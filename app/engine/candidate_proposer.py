@@ -109,10 +109,16 @@ class CandidateProposer:
                 tracked.anchor = None
                 continue
             draft: list[int] = []
-            if entry.candidates:
-                anchor = tracked.locate(piece, entry.candidates, entry.realign)
+            # Auto mode: the gate picks the candidates that fit the output so far (none in a
+            # text answer, the calls and schema drafts once a call opens).
+            candidates = (entry.gate.candidates(tracked.text) if entry.gate is not None
+                          else entry.candidates)
+            if candidates:
+                anchor = tracked.locate(piece, candidates, entry.realign)
                 if anchor is not None:
-                    draft = self._candidate_draft(entry.candidates[anchor[0]], anchor[1], budget)
+                    draft = self._candidate_draft(candidates[anchor[0]], anchor[1], budget)
+            else:
+                tracked.anchor = None
             if not draft and self.prompt_lookup_fallback:
                 draft = prompt_lookup(
                     token_ids_cpu[row, :num_tokens], budget, self.lookup_min, self.lookup_max

@@ -11,6 +11,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from app.engine.auto_drafts import AutoDrafts
+
 
 @dataclass
 class RequestSpeculation:
@@ -25,6 +27,9 @@ class RequestSpeculation:
     drafted_after_pause: int = 0
     # Off only to measure what re-alignment after a divergence is worth (benchmarks).
     realign: bool = True
+    # `tool_choice: auto`: the candidates follow the output (app/engine/auto_drafts.py)
+    # instead of `candidates`.
+    gate: AutoDrafts | None = None
 
 
 class CandidateStore:
@@ -49,6 +54,16 @@ class CandidateStore:
                 return False
             # Newer predictions (sidecar over history) go first: they win ties.
             entry.candidates = list(candidates) + entry.candidates
+            return True
+
+    def set_gate(self, request_id: str, gate: AutoDrafts) -> bool:
+        """Let `gate` choose the request's candidates step by step (auto mode); False when the
+        request is already gone."""
+        with self._lock:
+            entry = self._requests.get(request_id)
+            if entry is None:
+                return False
+            entry.gate = gate
             return True
 
     def get(self, request_id: str) -> RequestSpeculation | None:

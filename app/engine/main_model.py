@@ -22,6 +22,7 @@ from app.api.errors import ApiError
 from app.api.openai_models import CandidateReport, ChatCompletionRequest
 from app.config import AppConfig
 from app.engine import chat_prompt
+from app.engine.auto_drafts import AutoDrafts
 from app.engine.grammar_check import GrammarCheck, GrammarTooSlow, tokenizer_info
 from app.engine.history import ANONYMOUS_TENANT, InvocationHistory, request_text
 from app.engine.json_grammar import GrammarError, bounded_whitespace_grammar
@@ -272,11 +273,12 @@ class MainModelService:
 
     def schema_candidates(self, prepared: PreparedRequest) -> list[str]:
         """Keys and punctuation of every callable tool (or of the `response_format`
-        schema), known before any prediction."""
+        schema), known before any prediction. In auto mode they are written in the format's
+        call syntax and apply once the output opens a call (app/engine/auto_drafts.py)."""
         schema = prepared.request.output_schema
         if schema is not None and prepared.mode not in ("required", "named"):
             return render_json_variants(placeholder_object(schema), schema)
-        if prepared.mode not in ("required", "named"):
+        if prepared.mode not in ("required", "named", "auto"):
             return []
         tools = [
             t for t in prepared.tools
@@ -286,6 +288,14 @@ class MainModelService:
         for tool in tools:
             texts.extend(self.render_candidate(prepared, [placeholder_call(tool)]))
         return texts
+
+    def auto_drafts(self, prepared: PreparedRequest) -> AutoDrafts | None:
+        """The drafting state of a speculative `tool_choice: auto` chat request."""
+        # A `response_format` constrains the output to its JSON: no call can open.
+        if (prepared.mode != "auto" or not prepared.speculate or prepared.raw_prompt
+                or prepared.request.output_schema is not None):
+            return None
+        return AutoDrafts(self.format, prepared.reasoning, [])
 
     def intake(
         self,
@@ -360,12 +370,17 @@ class MainModelService:
         internal: list[str] = []
         arrived = asyncio.Event()
         pending_render: list[str] = []
+        # Auto mode: the candidates follow the output, text or call (app/engine/auto_drafts.py).
+        auto = self.auto_drafts(prepared)
         # Drafts start after the model's own reasoning: until it ends candidates wait, then
         # they are offered behind the text written so far (`opened` holds that prefix).
         thinking = prepared.reasoning is not None and prepared.reasoning.thinking
-        opened: list[str] = [] if thinking else [""]
+        opened: list[str] = [] if thinking and auto is None else [""]
 
         def offer(request_id: str, texts: list[str]) -> None:
+            if auto is not None:
+                auto.predicted(texts)
+                return
             if not opened or not texts:
                 return
             prefix = opened[0]
@@ -395,11 +410,15 @@ class MainModelService:
                 return
             pending_render[:0] = rendered  # predictions before schema drafts: they win ties
             arrived.set()
+            if auto is not None and intake.no_call:
+                auto.no_call()
             if internal and rendered:
                 offer(internal[0], rendered)
 
         def on_start(request_id: str) -> None:
             internal.append(request_id)
+            if auto is not None:
+                self.engine.store.set_gate(request_id, auto)
             if pending_render:
                 offer(request_id, pending_render)
 
@@ -409,7 +428,10 @@ class MainModelService:
                 self.history_candidates, prepared, started)
             pending_render.extend(rendered)
         if prepared.speculate and self.config.speculation.schema_drafts:
-            pending_render.extend(self.schema_candidates(prepared))
+            if auto is not None:
+                auto.schema = self.schema_candidates(prepared)
+            else:
+                pending_render.extend(self.schema_candidates(prepared))
         receiver = asyncio.ensure_future(receive()) if candidates is not None else None
         tally = GenerationTally(len(prepared.prompt_token_ids), started)
         text_offset = 0  # completions' logprobs count characters from the output's start

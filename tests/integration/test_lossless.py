@@ -449,3 +449,73 @@ async def test_raw_prompt_completion_is_lossless(engine: VllmEngine) -> None:
     spec = await generate(True)
     assert spec["token_ids"] == plain["token_ids"]
     assert spec["main"]["accepted_tokens"] > 0
+
+
+# ----- tool_choice: auto -----------------------------------------------------------------
+CHATS = [
+    "Hi! How are you today?",
+    "Tell me a short joke.",
+    "What is the capital of Italy?",
+    "Write one sentence about the sea.",
+    "Thanks, that is all for now.",
+    "What does CPU stand for?",
+    "Say hello in French.",
+    "Who wrote Romeo and Juliet?",
+]
+
+
+async def test_auto_mode_is_token_identical(engine: VllmEngine) -> None:
+    """`tool_choice: auto`, the main replica's own path (the gate of app/engine/auto_drafts.py,
+    schema drafts once a call opens): 12 questions, some that need a tool and some chit-chat,
+    each decoded plainly and with three predictions (36 speculative requests) — the right call
+    (or, for a text answer, a call the model does not make), a wrong argument, and the sidecar's
+    "no call" — token-identical to plain decoding every time."""
+    config = AppConfig.model_validate({"speculation": {"history": {"enabled": False}}})
+    service = MainModelService(config, engine=engine)
+
+    async def generate(text: str, prediction: Prediction | None) -> dict[str, Any]:
+        request = ChatCompletionRequest.model_validate({
+            "messages": [{"role": "user", "content": text}], "tools": TOOLS,
+            "tool_choice": "auto", "temperature": 0.0, "max_tokens": 64,
+            "ooo_spec": {"enabled": prediction is not None},
+        })
+
+        async def ready() -> Prediction:
+            assert prediction is not None
+            return prediction
+
+        final: dict[str, Any] = {}
+        async for event in service.run(service.prepare(request),
+                                       ready() if prediction is not None else None):
+            final = event
+        return final
+
+    def predicted(calls: list[ParsedCall]) -> Prediction:
+        return Prediction(source="sidecar", candidates=[[
+            PredictedCall(name=c.name, arguments=c.arguments) for c in calls]])
+
+    kinds = {"call": 0, "text": 0}
+    drafted_in_calls = accepted_in_calls = 0
+    for text in PROMPTS[:6] + CHATS[:6]:
+        plain = await generate(text, None)
+        calls = [ParsedCall(c["name"], c["arguments"]) for c in plain["calls"]]
+        right = calls or [ParsedCall("get_weather", {"city": "Paris"})]
+        scenarios = {
+            "right call" if calls else "a call the model does not make": predicted(right),
+            "wrong argument": predicted([_wrong_argument(right[0])]) if right[0].arguments
+            else predicted([_wrong_tool(right[0])]),
+            "no call": Prediction(source="sidecar", no_call=True),
+        }
+        for name, prediction in scenarios.items():
+            spec = await generate(text, prediction)
+            assert spec["token_ids"] == plain["token_ids"], (
+                f"{text!r}, {name}: output differs from plain decoding")
+            if calls and name == "right call":
+                drafted_in_calls += spec["main"]["drafted_tokens"]
+                accepted_in_calls += spec["main"]["accepted_tokens"]
+        kinds["call" if calls else "text"] += 1
+    print(f"auto mode: {kinds}, right calls drafted {drafted_in_calls}, accepted "
+          f"{accepted_in_calls}")
+    # Both kinds of answer were exercised, and the right calls were drafted and accepted.
+    assert kinds["call"] >= 3 and kinds["text"] >= 3, kinds
+    assert accepted_in_calls > drafted_in_calls // 4 > 0, (drafted_in_calls, accepted_in_calls)

@@ -641,3 +641,52 @@ def test_bench_runs_as_a_module_and_through_the_cli_from_the_repository_root(
     monkeypatch.chdir(tmp_path)
     assert cli.main(["bench", "--start"]) == 2
     assert "repository root" in capfd.readouterr().err
+
+
+# ---------------------------------------------------------------- the auto dataset
+
+
+def test_parse_auto_datasets() -> None:
+    assert parse_dataset_spec("bfcl-auto:simple_python,multiple,agent-auto") == [
+        DatasetSpec("bfcl-auto", "simple_python"), DatasetSpec("bfcl-auto", "multiple"),
+        DatasetSpec("agent-auto", "all")]
+    assert parse_dataset_spec("auto") == [
+        DatasetSpec("bfcl-auto", "simple_python"), DatasetSpec("bfcl-auto", "multiple"),
+        DatasetSpec("agent-auto", "all")]
+    assert parse_dataset_spec("bfcl:simple_python,auto")[0] == DatasetSpec("bfcl",
+                                                                            "simple_python")
+    with pytest.raises(ValueError, match="no category"):
+        parse_dataset_spec("agent-auto:lookup")
+
+
+def test_auto_cases_ask_with_tool_choice_auto_and_are_their_own_source() -> None:
+    settings = RequestSettings(model="m")
+    case = bench.AutoCase(make_case())
+    kwargs = build_request(case, MODES["ooo"], settings)
+    assert kwargs["tool_choice"] == "auto"
+    assert kwargs["extra_body"]["ooo_spec"]["history"] is False
+    assert case.id == "simple_python_0@auto" and bench.case_source(case) == "bfcl-auto"
+    agent = bench.AutoCase(agent_case(max_steps=2))
+    kwargs = build_request(agent, MODES["ooo+tools"], settings)
+    assert kwargs["tool_choice"] == "auto"
+    assert kwargs["extra_body"]["ooo_spec"]["execute_tools"] is True
+    assert bench.case_source(agent) == "agent-auto"
+    assert MODES["ooo+tools"].applies_to("agent-auto")
+    # A text answer is scored (no call: not correct), not an error.
+    response = SimpleNamespace(
+        choices=[SimpleNamespace(finish_reason="stop", message=SimpleNamespace(
+            content="The area is 25.", tool_calls=None))],
+        model_extra={"ooo_spec": {"outcome": "no_call", "main": {"steps": 7}}}, usage=None)
+    record = bench.record_from_response(response, case, "ooo", 0, 50.0)
+    assert record.source == "bfcl-auto" and record.correct is False
+    assert record.case_id == "simple_python_0@auto" and record.steps == 7
+
+
+def test_passes_per_call_count_only_committed_calls() -> None:
+    records = [rec("a", "ooo", steps=10), rec("b", "ooo", steps=30, tool_calls=[]),
+               rec("c", "ooo", steps=6, tool_calls=[], tool_results=[
+                   {"name": "x", "content": "1", "speculative": False, "saved_ms": 0.0}] * 2)]
+    summary = bench.mode_summary(records)
+    assert summary["steps_per_call"] == 46 / 3
+    assert summary["with_call"] == 2 / 3
+    assert "main passes / call" in report.format_summary(summarize(records, ["ooo"]))

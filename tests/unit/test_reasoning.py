@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from app.api.openai_models import ChatCompletionRequest
 from app.config import AppConfig
+from app.engine.auto_drafts import AutoDrafts
 from app.engine.main_model import MainModelService
 from app.engine.reasoning import Reasoning
 from app.engine.vllm_engine import StepDelta
@@ -77,12 +78,17 @@ def test_ended_at_marks_where_the_content_starts() -> None:
 
 # ----- drafts wait for the reasoning to end ----------------------------------------------
 class _Store:
+    """Auto mode hands the store a gate (app/engine/auto_drafts.py) that picks the candidates
+    from the text written so far; the tests ask it what it drafts at each point."""
+
     def __init__(self) -> None:
-        self.added: list[tuple[int, list[str]]] = []
-        self.step = 0
+        self.gate: AutoDrafts | None = None
 
     def add_candidates(self, request_id: str, texts: list[str]) -> bool:
-        self.added.append((self.step, texts))
+        raise AssertionError("auto mode drafts through its gate")
+
+    def set_gate(self, request_id: str, gate: AutoDrafts) -> bool:
+        self.gate = gate
         return True
 
 
@@ -100,7 +106,6 @@ class _Engine:
         on_start("req-1")
         await asyncio.sleep(0.01)  # the prediction arrives while the model thinks
         for i, text in enumerate(self.deltas):
-            self.store.step = i + 1
             last = i == len(self.deltas) - 1
             yield StepDelta([i], text, last, "stop" if last else None, 0.0)
             await asyncio.sleep(0)
@@ -136,10 +141,13 @@ async def _run(parser: str | None, deltas: list[str],
 async def test_drafts_start_after_the_thinking_ends() -> None:
     deltas = ["<think>", "\nweather", " tool\n", "</think>", "\n\n", CALL]
     engine, final = await _run("qwen3", deltas)
-    step, texts = engine.store.added[0]
-    assert step == 4  # the delta that closed the reasoning, not before
+    gate = engine.store.gate
+    assert gate is not None
     prefix = "<think>\nweather tool\n</think>"
-    assert texts == [prefix + CALL, prefix + "\n\n" + CALL]
+    assert gate.candidates("<think>\nweather tool\n") == []  # still thinking
+    assert gate.candidates("<think>\nweather <tool") == []
+    assert gate.candidates(prefix) == [prefix + CALL]  # the delta that closed the reasoning
+    assert gate.candidates(prefix + "\n\n") == [prefix + "\n\n" + CALL]
     assert final["reasoning"] == "\nweather tool\n"
     assert final["calls"] == [{"name": "get_weather", "arguments": {"city": "Paris"}}]
     assert final["content"] is None
@@ -147,13 +155,13 @@ async def test_drafts_start_after_the_thinking_ends() -> None:
 
 async def test_without_a_reasoning_parser_drafts_start_at_once() -> None:
     engine, final = await _run(None, [CALL])
-    assert engine.store.added[0] == (0, [CALL])
+    assert engine.store.gate is not None and engine.store.gate.candidates("") == [CALL]
     assert final["reasoning"] is None
 
 
 async def test_thinking_switched_off_drafts_start_at_once() -> None:
     engine, final = await _run("qwen3", [CALL], {"enable_thinking": False})
-    assert engine.store.added[0] == (0, [CALL])
+    assert engine.store.gate is not None and engine.store.gate.candidates("") == [CALL]
     assert final["reasoning"] is None and final["calls"]
 
 
@@ -161,4 +169,5 @@ async def test_a_call_inside_unclosed_thoughts_is_never_parsed() -> None:
     engine, final = await _run("deepseek_r1", ["<think>", "maybe " + CALL])
     assert final["calls"] == [] and final["content"] is None
     assert final["reasoning"] == "maybe " + CALL
-    assert engine.store.added == []
+    assert engine.store.gate is not None
+    assert engine.store.gate.candidates("<think>maybe " + CALL) == []
