@@ -52,6 +52,7 @@ from app.api.responses import (
 )
 from app.config import load_config
 from app.engine.history import TENANT_KEY
+from app.engine.turn import TurnError, TurnEvent
 from app.spec.prediction import Prediction
 from app.tools.registry import DEFAULT_TIMEOUT_S, ToolResult, ToolSpec
 from deployments.metrics import ServeMetrics
@@ -436,7 +437,8 @@ class Router:
 
     async def _main_events(
         self, payload: dict[str, Any], sidecar_ref: Any, raw_prompt: Any = None
-    ) -> AsyncIterator[dict[str, Any]]:
+    ) -> AsyncIterator[TurnEvent]:
+        """The main replica's events; the `TurnError` it hands over is raised here."""
         refs = [sidecar_ref] if sidecar_ref is not None else []
         baseline = (payload.get("ooo_spec") or {}).get("baseline")
         main = self.baselines[baseline] if baseline else self.main
@@ -446,9 +448,11 @@ class Router:
             stream = (main.generate.remote(payload, refs) if raw_prompt is None
                       else main.generate.remote(payload, refs, raw_prompt))
             async for event in stream:
+                if isinstance(event, TurnError):
+                    raise event
                 yield event
             finished = True
-        except ApiError:
+        except (ApiError, TurnError):
             raise
         except Exception:
             logger.exception("main model call failed")

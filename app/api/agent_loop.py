@@ -26,9 +26,11 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from app.api.openai_models import MainReport, Outcome, ToolResultReport
+from app.engine.turn import TurnResult
+from app.openai_models import MainReport, PredictionReport, ToolResultReport
 from app.spec.canonical import Invocation
 from app.spec.prediction import Prediction
+from app.spec.reconcile import Outcome
 from app.spec.validation import validate_arguments
 from app.tools.policy import PreExecutionLedger
 from app.tools.registry import ToolResult, ToolSpec
@@ -245,12 +247,11 @@ class PreExecution:
                 task.cancel()
 
 
-def sum_main(reports: Iterable[Mapping[str, Any]]) -> MainReport:
+def sum_main(reports: Iterable[MainReport]) -> MainReport:
     """`main` over the loop's turns: counts and decode time summed; `ttft_ms` is the first
     turn's (the first token the request produced)."""
     total = MainReport()
-    for index, raw in enumerate(reports):
-        main = MainReport.model_validate(raw)
+    for index, main in enumerate(reports):
         total.steps += main.steps
         total.completion_tokens += main.completion_tokens
         total.drafted_tokens += main.drafted_tokens
@@ -280,7 +281,8 @@ def combine_outcomes(outcomes: list[Outcome]) -> Outcome:
 class LoopState:
     """What the loop accumulates over its turns."""
 
-    finals: list[dict[str, Any]] = field(default_factory=list)
+    finals: list[TurnResult] = field(default_factory=list)
+    predictions: list[PredictionReport] = field(default_factory=list)  # `await_prediction`
     outcomes: list[Outcome] = field(default_factory=list)
     tool_results: list[ToolResultReport] = field(default_factory=list)
     tools_ms: float = 0.0

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from app.engine.turn import TurnError
+
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -38,6 +40,12 @@ class ApiError(Exception):
 
     def body(self) -> dict[str, Any]:
         return error_body(self.status, self.message, self.param, self.code)
+
+
+def api_error(err: TurnError) -> ApiError:
+    """The HTTP error for a request the engine layer cannot serve as asked: the client's
+    to fix."""
+    return ApiError(400, err.message, param=err.param, code=err.code)
 
 
 def error_body(

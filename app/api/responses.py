@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from app.api.errors import ApiError, describe_validation_errors
 from app.api.limits import json_object_body
-from app.api.openai_models import ChatCompletionRequest, OooSpecOptions
+from app.openai_models import ChatCompletionRequest, OooSpecOptions
 
 logger = logging.getLogger(__name__)
 

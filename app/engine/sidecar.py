@@ -22,7 +22,6 @@ import logging
 import time
 from typing import Any
 
-from app.api.openai_models import ChatCompletionRequest
 from app.config import AppConfig
 from app.engine import slot_filling
 from app.engine.tool_format import (
@@ -34,6 +33,7 @@ from app.engine.tool_format import (
     with_system_text,
 )
 from app.engine.vllm_engine import VllmEngine
+from app.openai_models import ChatCompletionRequest
 from app.spec.prediction import PredictedCall, Prediction
 from app.spec.tool_union import NO_CALL_NAME, invocation_union_schema
 

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from app.api.openai_models import ChatCompletionRequest
 from app.config import AppConfig, SidecarConfig
 from app.engine import slot_filling
 from app.engine.sidecar import SidecarService
+from app.openai_models import ChatCompletionRequest
 from app.spec.validation import validate_arguments
 from tests.integration.test_lossless import PROMPTS, TOOLS
 

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 
 from app.api.errors import ApiError
-from app.api.openai_models import ChatCompletionRequest
 from app.config import AppConfig
 from app.engine import chat_prompt
 from app.engine.main_model import MainModelService
 from app.engine.tool_formats import get_format
+from app.openai_models import ChatCompletionRequest
 
 TOOLS_TEMPLATE = """\
 {%- if tools %}<|im_start|>system

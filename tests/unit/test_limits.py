@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from app.api.chat_service import parse_request
 from app.api.errors import ApiError
 from app.api.limits import check_request, json_depth, with_deadline
-from app.api.openai_models import ChatCompletionRequest
 from app.config import LimitsConfig
+from app.openai_models import ChatCompletionRequest
 
 LIMITS = LimitsConfig(max_json_depth=16, max_messages=3, max_tools=2, max_schema_bytes=300,
                       max_schema_depth=6, max_tokens=100)

@@ -14,11 +14,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.api.openai_models import ChatCompletionRequest
 from app.config import AppConfig
 from app.engine.main_model import MainModelService
 from app.engine.reasoning import Reasoning
+from app.engine.turn import TurnResult
 from app.engine.vllm_engine import StepDelta
+from app.openai_models import ChatCompletionRequest
+from app.spec.canonical import Invocation
 from app.spec.prediction import PredictedCall, Prediction
 
 
@@ -112,7 +114,7 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters":
 
 
 async def _run(parser: str | None, deltas: list[str],
-               kwargs: dict[str, Any] | None = None) -> tuple[_Engine, dict[str, Any]]:
+               kwargs: dict[str, Any] | None = None) -> tuple[_Engine, TurnResult]:
     config = AppConfig.model_validate({"main": {"engine": {"reasoning_parser": parser}}})
     engine = _Engine(deltas)
     main = MainModelService(config, engine=engine)  # type: ignore[arg-type]
@@ -129,8 +131,7 @@ async def _run(parser: str | None, deltas: list[str],
         return Prediction(source="sidecar", candidates=[[PredictedCall(
             name="get_weather", arguments={"city": "Paris"})]])
 
-    events = [e async for e in main.run(prepared, prediction())]
-    return engine, events[-1]
+    return engine, await main.complete(prepared, prediction())
 
 
 async def test_drafts_start_after_the_thinking_ends() -> None:
@@ -140,25 +141,25 @@ async def test_drafts_start_after_the_thinking_ends() -> None:
     assert step == 4  # the delta that closed the reasoning, not before
     prefix = "<think>\nweather tool\n</think>"
     assert texts == [prefix + CALL, prefix + "\n\n" + CALL]
-    assert final["reasoning"] == "\nweather tool\n"
-    assert final["calls"] == [{"name": "get_weather", "arguments": {"city": "Paris"}}]
-    assert final["content"] is None
+    assert final.reasoning == "\nweather tool\n"
+    assert final.calls == [Invocation(name="get_weather", arguments={"city": "Paris"})]
+    assert final.content is None
 
 
 async def test_without_a_reasoning_parser_drafts_start_at_once() -> None:
     engine, final = await _run(None, [CALL])
     assert engine.store.added[0] == (0, [CALL])
-    assert final["reasoning"] is None
+    assert final.reasoning is None
 
 
 async def test_thinking_switched_off_drafts_start_at_once() -> None:
     engine, final = await _run("qwen3", [CALL], {"enable_thinking": False})
     assert engine.store.added[0] == (0, [CALL])
-    assert final["reasoning"] is None and final["calls"]
+    assert final.reasoning is None and final.calls
 
 
 async def test_a_call_inside_unclosed_thoughts_is_never_parsed() -> None:
     engine, final = await _run("deepseek_r1", ["<think>", "maybe " + CALL])
-    assert final["calls"] == [] and final["content"] is None
-    assert final["reasoning"] == "maybe " + CALL
+    assert final.calls == [] and final.content is None
+    assert final.reasoning == "maybe " + CALL
     assert engine.store.added == []

@@ -11,7 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from app.api.output_format import ResponseFormat
+from app.output_format import ResponseFormat
+from app.spec.reconcile import Outcome
 
 SEED_MIN = -(2**63)
 SEED_MAX = 2**63 - 1
@@ -210,9 +211,7 @@ class ChatCompletionRequest(_Wire):
 
 
 # ----- the ooo_spec report ------------------------------------------------------------------
-Outcome = Literal[
-    "hit", "partial", "miss", "no_call", "disabled", "sidecar_error", "sidecar_late"
-]
+# `Outcome` (hit, partial, miss, ...): app/spec/reconcile.py, which decides it.
 
 
 class CandidateReport(BaseModel):
