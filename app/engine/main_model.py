@@ -20,11 +20,11 @@ from opentelemetry.context import Context
 from app import telemetry
 from app.config import AppConfig
 from app.engine import chat_prompt
-from app.engine.candidate_store import CandidateStore
 from app.engine.grammar_check import GrammarCheck, GrammarTooSlow, tokenizer_info
 from app.engine.history import ANONYMOUS_TENANT, InvocationHistory, request_text
 from app.engine.json_grammar import GrammarError, bounded_whitespace_grammar
 from app.engine.logprobs import TokenLogprobs, chat_logprobs, completion_logprobs
+from app.engine.protocol import DraftStore, Engine
 from app.engine.reasoning import Reasoning
 from app.engine.tool_format import (
     ParsedCall,
@@ -104,7 +104,7 @@ class CandidateFeed:
     thinking model, for the end of its reasoning: then they are offered behind the text
     written so far (`prefix`)."""
 
-    def __init__(self, store: CandidateStore, thinking: bool, status: SidecarStatus) -> None:
+    def __init__(self, store: DraftStore, thinking: bool, status: SidecarStatus) -> None:
         self.store = store
         self.intake = CandidateIntake(status=status)
         self.pending: list[str] = []
@@ -132,11 +132,11 @@ class CandidateFeed:
 
 
 class MainModelService:
-    def __init__(self, config: AppConfig, engine: VllmEngine | None = None) -> None:
+    def __init__(self, config: AppConfig, engine: Engine | None = None) -> None:
         """`engine`: another engine than the main one with the candidate proposer (the
         n-gram baseline, see app/engine/baselines.py)."""
         self.config = config
-        self.engine = engine or VllmEngine(config.main.engine, config.speculation)
+        self.engine: Engine = engine or VllmEngine(config.main.engine, config.speculation)
         history = config.speculation.history
         self.grammar_check: GrammarCheck | None = None  # built by start()
         self.history: InvocationHistory | None = (
@@ -149,7 +149,7 @@ class MainModelService:
 
     def start(self) -> None:
         self.engine.start()
-        config = getattr(self.engine.engine, "model_config", None)
+        config = getattr(getattr(self.engine, "engine", None), "model_config", None)
         vocab = config.get_vocab_size() if config is not None else None
         self.grammar_check = GrammarCheck(tokenizer_info(self.engine.tokenizer, vocab),
                                           self.config.limits.grammar_compile_timeout_s)
