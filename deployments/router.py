@@ -32,18 +32,19 @@ from ray.serve.handle import DeploymentHandle
 from starlette.types import Receive, Scope, Send
 
 from app import telemetry
-from app.api.agent_loop import SidecarStart, ToolPolicy
+from app.api.agent_loop import SidecarStart
 from app.api.auth import ApiKeys, ConcurrencyLimiter
 from app.api.chat_service import (
     ChatService,
     choice_requests,
     merge_completions,
-    parse_request,
     stream_sse,
 )
 from app.api.completions import CompletionService, parse_completion_request
 from app.api.errors import ApiError, describe_validation_errors, error_body
 from app.api.limits import deadline_error, off_loop, read_limited, with_deadline
+from app.api.pre_execution import ToolPolicy
+from app.api.request_checks import parse_request
 from app.api.responses import (
     ResponseBuilder,
     parse_responses_request,
@@ -93,7 +94,7 @@ async def _wrong_method(request: Request, _: Exception) -> JSONResponse:
 
 
 class PoolTools:
-    """The ToolWorker pool behind `app.api.agent_loop.ToolAccess`.
+    """The ToolWorker pool behind `app.api.pre_execution.ToolAccess`.
 
     The registry does not change while the app runs (MCP tools are listed at startup), so the
     specs and the `GET /v1/tools` listing are fetched once per router replica and cached."""

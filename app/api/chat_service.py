@@ -3,8 +3,9 @@
 The deployment supplies two callables — `start_sidecar(payload)` (a `SidecarStart`: the token
 the main call carries plus the prediction for pre-execution, or None) and
 `main_events(payload, token)` (the main model's event stream) — and a `ToolAccess` for the tool
-pool. Everything else — request checks, pre-execution and the agent loop, the OpenAI response
-and SSE shapes, the `ooo_spec` report — lives here so it is testable without a model.
+pool. The turn loop, the OpenAI response and SSE shapes and the `ooo_spec` report live here,
+testable without a model; request checks are in request_checks.py, pre-execution in
+pre_execution.py.
 """
 
 from __future__ import annotations
@@ -20,29 +21,12 @@ from typing import Any
 
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind
-from pydantic import ValidationError
 
 from app import telemetry
-from app.api.agent_loop import (
-    Clock,
-    LoopState,
-    PreExecution,
-    SidecarStart,
-    ToolAccess,
-    ToolPolicy,
-    ToolRun,
-    combine_outcomes,
-    run_tool,
-    sum_main,
-)
-from app.api.errors import ApiError, api_error, describe_validation_errors
-from app.api.limits import (
-    check_body_depth,
-    check_output_schema,
-    check_request,
-    json_object_body,
-)
-from app.config import LimitsConfig, TelemetryConfig
+from app.api.agent_loop import LoopState, SidecarStart, combine_outcomes, sum_main
+from app.api.errors import ApiError, api_error
+from app.api.pre_execution import Clock, PreExecution, ToolAccess, ToolPolicy, ToolRun, run_tool
+from app.config import TelemetryConfig
 from app.engine.history import ANONYMOUS_TENANT, TENANT_KEY
 from app.engine.tool_format import new_call_id
 from app.engine.turn import TurnDelta, TurnError, TurnEvent, TurnResult
@@ -55,7 +39,6 @@ from app.openai_models import (
 from app.spec.canonical import Invocation
 from app.spec.prediction import Prediction
 from app.spec.reconcile import Outcome, classify_outcome
-from app.spec.validation import check_schema
 from app.telemetry import HitRateWindow, MetricsSink, NullMetrics
 
 logger = logging.getLogger(__name__)
@@ -63,43 +46,6 @@ logger = logging.getLogger(__name__)
 StartSidecar = Callable[[dict[str, Any]], Awaitable[SidecarStart | None]]
 # The main replica's events for one turn; raises `TurnError` when the request cannot be served.
 MainEvents = Callable[[dict[str, Any], Any], AsyncIterator[TurnEvent]]
-
-
-def parse_request(
-    body: bytes,
-    max_bytes: int,
-    limits: LimitsConfig | None = None,
-    context: int | None = None,
-) -> ChatCompletionRequest:
-    """The validated request, or an `ApiError`; `limits` (app.api.limits) and the main model's
-    `context` length bound what it may ask for."""
-    data = json_object_body(body, max_bytes)
-    if limits is not None:
-        check_body_depth(data, limits)
-    try:
-        request = ChatCompletionRequest.model_validate(data)
-    except ValidationError as exc:
-        message, param = describe_validation_errors(exc.errors())
-        raise ApiError(400, message, param=param) from None
-    if limits is not None:
-        check_request(request, limits, context if context is not None else limits.max_tokens)
-    if limits is not None and (request.n or 1) > limits.max_choices:
-        raise ApiError(400, f"n is {request.n}; this server returns at most "
-                       f"{limits.max_choices} choices per request", param="n",
-                       code="too_many_choices")
-    schema = request.output_schema
-    if schema is not None:
-        check_output_schema(schema, limits)
-    for tool in request.tools or []:
-        problem = check_schema(tool.function.parameters)
-        if problem:
-            raise ApiError(
-                400,
-                f"tool '{tool.function.name}' has parameters that are not a valid JSON "
-                f"Schema: {problem}",
-                param="tools",
-            )
-    return request
 
 
 @dataclass

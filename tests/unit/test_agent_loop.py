@@ -10,15 +10,9 @@ from typing import Any
 
 import pytest
 
-from app.api.agent_loop import (
-    PreExecution,
-    SidecarStart,
-    ToolPolicy,
-    combine_outcomes,
-    speculable_calls,
-    sum_main,
-)
+from app.api.agent_loop import SidecarStart, combine_outcomes, sum_main
 from app.api.chat_service import ChatService
+from app.api.pre_execution import PreExecution, ToolPolicy, speculable_calls
 from app.engine.turn import TurnDelta, TurnEvent, TurnResult
 from app.openai_models import ChatCompletionRequest, MainReport
 from app.spec.canonical import Invocation
@@ -399,7 +393,7 @@ def test_server_tools_must_name_offered_tools() -> None:
 async def test_a_lost_tool_call_says_what_happened_without_internals(
     error: Exception, said: str
 ) -> None:
-    from app.api.agent_loop import run_tool
+    from app.api.pre_execution import run_tool
 
     class Failing:
         async def execute(self, name: str, arguments: dict[str, Any],

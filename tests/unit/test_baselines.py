@@ -12,9 +12,9 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from app.api.agent_loop import ToolPolicy
 from app.api.chat_service import ChatService
 from app.api.errors import ApiError
+from app.api.pre_execution import ToolPolicy
 from app.config import AppConfig, EngineConfig, load_config
 from app.engine.baselines import baseline_service
 from app.openai_models import ChatCompletionRequest

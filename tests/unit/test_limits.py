@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.api.chat_service import parse_request
 from app.api.errors import ApiError
 from app.api.limits import check_request, json_depth, with_deadline
+from app.api.request_checks import parse_request
 from app.config import LimitsConfig
 from app.openai_models import ChatCompletionRequest
 
