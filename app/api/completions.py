@@ -15,10 +15,10 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.api.chat_service import sse
-from app.api.errors import ApiError, api_error, describe_validation_errors
+from app.api.errors import ApiError, api_error, validated
 from app.api.limits import check_body_depth, check_output_schema, json_object_body, with_deadline
 from app.config import LimitsConfig
 from app.engine.turn import TurnDelta, TurnError, TurnEvent, TurnResult
@@ -109,11 +109,7 @@ def parse_completion_request(
     """The validated request, or an `ApiError` (the chat route's checks, for a prompt)."""
     data = json_object_body(body, max_bytes)
     check_body_depth(data, limits)
-    try:
-        request = CompletionRequest.model_validate(data)
-    except ValidationError as exc:
-        message, param = describe_validation_errors(exc.errors())
-        raise ApiError(400, message, param=param) from None
+    request = validated(CompletionRequest, data)
     ceiling = min(limits.max_tokens, context)
     if request.max_tokens is not None and request.max_tokens > ceiling:
         raise ApiError(400, f"max_tokens is {request.max_tokens}; this server generates at "

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from app.engine.turn import TurnError
+
+M = TypeVar("M", bound=BaseModel)
 
 _TYPES = {
     400: "invalid_request_error",
@@ -59,6 +63,15 @@ def error_body(
             "code": code,
         }
     }
+
+
+def validated(model: type[M], data: Any) -> M:
+    """`data` as a `model`, or a 400 with a readable message naming the first offending field."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        message, param = describe_validation_errors(exc.errors())
+        raise ApiError(400, message, param=param) from None
 
 
 def describe_validation_errors(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str | None]:

@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-from pydantic import ValidationError
-
-from app.api.errors import ApiError, describe_validation_errors
+from app.api.errors import ApiError, validated
 from app.api.limits import (
     check_body_depth,
     check_output_schema,
@@ -28,11 +26,7 @@ def parse_request(
     data = json_object_body(body, max_bytes)
     if limits is not None:
         check_body_depth(data, limits)
-    try:
-        request = ChatCompletionRequest.model_validate(data)
-    except ValidationError as exc:
-        message, param = describe_validation_errors(exc.errors())
-        raise ApiError(400, message, param=param) from None
+    request = validated(ChatCompletionRequest, data)
     if limits is not None:
         check_request(request, limits, context if context is not None else limits.max_tokens)
     if limits is not None and (request.n or 1) > limits.max_choices:
