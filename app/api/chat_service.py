@@ -261,7 +261,7 @@ class ChatService:
                 pre.watch(sidecar.prediction)
         observed: asyncio.Future[PredictionReport] | None = None
         if sidecar is not None and sidecar.prediction is not None and (
-            request.ooo_spec.await_prediction
+            request.ooo_spec.diagnostics.await_prediction
         ):
             observed = asyncio.ensure_future(observe_prediction(sidecar.prediction, self.clock))
         final: TurnResult | None = None

@@ -417,7 +417,7 @@ class MainModelService:
         try:
             async for delta in self.engine.stream(
                 prepared.prompt_token_ids, dict(prepared.sampling), prepared.speculate,
-                feed.on_start, realign=prepared.request.ooo_spec.realign,
+                feed.on_start, realign=prepared.request.ooo_spec.diagnostics.realign,
                 cache_salt=prepared.tenant,
             ):
                 tally.add(delta)

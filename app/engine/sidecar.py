@@ -70,7 +70,7 @@ class SidecarService:
             return Prediction(no_call=True)
         parallel = mode != "named" and request.parallel_tool_calls is True
         if self.config.sidecar.mode == "slots" and mode in ("required", "named") and not parallel:
-            verify = request.ooo_spec.verify_prediction
+            verify = request.ooo_spec.diagnostics.verify_prediction
             try:
                 alternatives = await self.predict_slots(
                     request, mode, self.config.sidecar.verify if verify is None else verify

@@ -84,8 +84,8 @@ def test_builtin_modes() -> None:
     # The re-alignment and sidecar measurements are BFCL-only.
     assert [m for m in MODES if not MODES[m].applies_to("agent")] == [
         "ooo:no-realign", "sidecar", "sidecar+verify"]
-    assert MODES["sidecar"].extra_body["ooo_spec"]["await_prediction"] is True
-    assert MODES["ooo:no-realign"].extra_body["ooo_spec"]["realign"] is False
+    assert MODES["sidecar"].extra_body["ooo_spec"]["diagnostics"]["await_prediction"] is True
+    assert MODES["ooo:no-realign"].extra_body["ooo_spec"]["diagnostics"]["realign"] is False
 
 
 def test_register_mode_and_parse() -> None:
