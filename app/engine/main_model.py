@@ -48,7 +48,7 @@ from app.engine.turn import (
 from app.engine.vllm_engine import GenerationTally, VllmEngine
 from app.openai_models import CandidateReport, ChatCompletionRequest, MainReport
 from app.spec.canonical import Invocation
-from app.spec.prediction import PredictedCall, Prediction
+from app.spec.prediction import Prediction
 from app.spec.validation import validate_arguments
 
 logger = logging.getLogger(__name__)
@@ -498,18 +498,17 @@ class MainModelService:
         )
         parsed = (self.parse(prepared, answer) if answer is not None
                   else ParsedOutput(content=None, calls=[]))
-        if parsed.calls and result.finish_reason != "length" and self.uses_history(prepared):
+        calls = [Invocation(name=c.name, arguments=c.arguments) for c in parsed.calls]
+        if calls and result.finish_reason != "length" and self.uses_history(prepared):
             assert self.history is not None
             self.history.record(
-                request_text(prepared.request.message_dicts()),
-                [PredictedCall(name=c.name, arguments=c.arguments) for c in parsed.calls],
-                tenant=prepared.tenant,
+                request_text(prepared.request.message_dicts()), calls, tenant=prepared.tenant,
             )
         return TurnResult(
             text=result.text,
             content=parsed.content,
             reasoning=reasoning,
-            calls=[Invocation(name=c.name, arguments=c.arguments) for c in parsed.calls],
+            calls=calls,
             finish_reason=result.finish_reason,
             prompt_tokens=result.prompt_tokens,
             completion_tokens=len(result.token_ids),
