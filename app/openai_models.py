@@ -229,6 +229,11 @@ class ChatCompletionRequest(_Wire):
             return self.tool_choice.function.name
         return None
 
+    def tool_schemas(self, names: frozenset[str] | None = None) -> dict[str, dict[str, Any]]:
+        """Each offered tool's `parameters` schema by name (only `names`, when given)."""
+        return {t.function.name: t.function.parameters for t in self.tools or []
+                if names is None or t.function.name in names}
+
     def tool_dicts(self) -> list[dict[str, Any]]:
         return [t.model_dump(exclude_none=True) for t in self.tools or []]
 

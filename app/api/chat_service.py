@@ -254,8 +254,7 @@ class ChatService:
         ):
             # Only the tools the request declared the server's: a client's own tool that shares
             # a server tool's name is never run here.
-            schemas = {t.function.name: t.function.parameters for t in request.tools or []
-                       if t.function.name in request.server_tool_names}
+            schemas = request.tool_schemas(request.server_tool_names)
             pre = PreExecution(self.tools, self.policy, schemas, request.named_tool, self.clock)
             with telemetry.within(span):
                 pre.watch(sidecar.prediction)
@@ -437,7 +436,7 @@ class ChatService:
         }
 
     def outcome(self, request: ChatCompletionRequest, final: TurnResult) -> Outcome:
-        schemas = {t.function.name: t.function.parameters for t in request.tools or []}
+        schemas = request.tool_schemas()
         return classify_outcome(
             speculated=self.wants_sidecar(request),
             sidecar_status=final.sidecar.status,

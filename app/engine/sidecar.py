@@ -91,7 +91,7 @@ class SidecarService:
         the alternatives are its call with the required keys only and with every filled key.
         `verify`: one more pass over the whole call drafted from them instead (see `verify`)."""
         prompt = self.slot_prompt(request)
-        tools = {t.function.name: t.function.parameters for t in request.tools or []}
+        tools = request.tool_schemas()
         names = [request.named_tool] if mode == "named" and request.named_tool else list(tools)
         encode = self.engine.tokenizer.encode
         name = names[0]
