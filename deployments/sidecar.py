@@ -71,12 +71,7 @@ class Sidecar(FaultHandles):
 
     async def _faulty(self, fault: str, request: ChatCompletionRequest) -> dict[str, Any]:
         if fault == "hang":
-            self.faults.waiting += 1
-            try:
-                while self.faults.active() == "hang":
-                    await asyncio.sleep(0.1)
-            finally:
-                self.faults.waiting -= 1
+            await self.faults.hang()
             raise RuntimeError("injected fault: the sidecar hung")
         if fault == "slow":
             prompt = self.service.prompt(request, request.tool_dicts())
