@@ -237,7 +237,7 @@ class SidecarConfig(_Strict):
         description="'slots' mode: one more pass over the whole call, drafted from the slots, "
         "before answering (agrees with the main model far more often, but with the same model "
         "on both sides it costs about what the main model's own drafted call costs; pays off "
-        "with a sidecar on spare hardware). Per request: ooo_spec.verify_prediction.",
+        "with a sidecar on spare hardware). Per request: ooo_spec.diagnostics.verify_prediction.",
     )
 
 

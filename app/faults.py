@@ -10,6 +10,7 @@ method under test; everything here is pure (the clock is injectable).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Collection
 from typing import Any
@@ -69,6 +70,15 @@ class FaultPlan:
         if kind is not None:
             self.hits += 1
         return kind
+
+    async def hang(self) -> None:
+        """Hold the call while the `hang` fault is armed (counted in `waiting`)."""
+        self.waiting += 1
+        try:
+            while self.active() == "hang":
+                await asyncio.sleep(0.1)
+        finally:
+            self.waiting -= 1
 
     def status(self) -> dict[str, Any]:
         kind = self.active()

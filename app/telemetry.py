@@ -57,7 +57,8 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
 
-    from app.api.openai_models import OooSpecReport
+    from app.engine.turn import TurnResult
+    from app.openai_models import OooSpecReport
     from app.spec.prediction import Prediction
 
 TRACER_NAME = "ooo_spec"
@@ -379,28 +380,26 @@ def validation_attributes(
     return out
 
 
-def main_attributes(final: Mapping[str, Any], record_content: bool) -> dict[str, Any]:
-    """`main.generate`, from the main replica's final event."""
-    main = final.get("main") or {}
-    sidecar = final.get("sidecar") or {}
-    calls = final.get("calls") or []
+def main_attributes(final: TurnResult, record_content: bool) -> dict[str, Any]:
+    """`main.generate`, from the main replica's result."""
+    main = final.main
     out: dict[str, Any] = {
-        "ooo_spec.main.steps": main.get("steps", 0),
-        "ooo_spec.main.completion_tokens": main.get("completion_tokens", 0),
-        "ooo_spec.main.drafted_tokens": main.get("drafted_tokens", 0),
-        "ooo_spec.main.accepted_tokens": main.get("accepted_tokens", 0),
-        "ooo_spec.main.ttft_ms": main.get("ttft_ms", 0.0),
-        "ooo_spec.main.decode_ms": main.get("decode_ms", 0.0),
-        "gen_ai.usage.input_tokens": final.get("prompt_tokens", 0),
-        "gen_ai.usage.output_tokens": final.get("completion_tokens", 0),
-        "gen_ai.response.finish_reasons": [str(final.get("finish_reason") or "stop")],
-        "ooo_spec.sidecar.status": sidecar.get("status", "none"),
-        "ooo_spec.calls": len(calls),
-        "gen_ai.tool.names": [c["name"] for c in calls],
+        "ooo_spec.main.steps": main.steps,
+        "ooo_spec.main.completion_tokens": main.completion_tokens,
+        "ooo_spec.main.drafted_tokens": main.drafted_tokens,
+        "ooo_spec.main.accepted_tokens": main.accepted_tokens,
+        "ooo_spec.main.ttft_ms": main.ttft_ms,
+        "ooo_spec.main.decode_ms": main.decode_ms,
+        "gen_ai.usage.input_tokens": final.prompt_tokens,
+        "gen_ai.usage.output_tokens": final.completion_tokens,
+        "gen_ai.response.finish_reasons": [final.finish_reason or "stop"],
+        "ooo_spec.sidecar.status": final.sidecar.status,
+        "ooo_spec.calls": len(final.calls),
+        "gen_ai.tool.names": [c.name for c in final.calls],
     }
     if record_content:
-        out["ooo_spec.main.text"] = final.get("text")
-        out["ooo_spec.main.arguments"] = _json([c.get("arguments") for c in calls])
+        out["ooo_spec.main.text"] = final.text
+        out["ooo_spec.main.arguments"] = _json([c.arguments for c in final.calls])
     return out
 
 
@@ -573,14 +572,13 @@ def failed_request_measurements() -> list[Measurement]:
     return [Measurement(REQUESTS, 1, {"outcome": "error"})]
 
 
-def main_measurements(final: Mapping[str, Any], speculative: bool) -> list[Measurement]:
-    """What the main replica records per main call, from its final event."""
-    main = final.get("main") or {}
+def main_measurements(final: TurnResult, speculative: bool) -> list[Measurement]:
+    """What the main replica records per main call, from its result."""
     tags = {"speculative": _flag(speculative)}
     return [
-        Measurement(MAIN_STEPS, float(main.get("steps", 0)), tags),
-        Measurement(DRAFTED_TOKENS, float(main.get("drafted_tokens", 0)), tags),
-        Measurement(ACCEPTED_TOKENS, float(main.get("accepted_tokens", 0)), tags),
+        Measurement(MAIN_STEPS, float(final.main.steps), tags),
+        Measurement(DRAFTED_TOKENS, float(final.main.drafted_tokens), tags),
+        Measurement(ACCEPTED_TOKENS, float(final.main.accepted_tokens), tags),
     ]
 
 

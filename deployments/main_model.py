@@ -13,13 +13,13 @@ from typing import Any
 from ray import serve
 
 from app import telemetry
-from app.api.errors import ApiError
-from app.api.openai_models import ChatCompletionRequest
 from app.config import load_config
 from app.engine.baselines import baseline_service
 from app.engine.history import ANONYMOUS_TENANT, TENANT_KEY
 from app.engine.main_model import MainModelService
+from app.engine.turn import TurnError, TurnEvent, TurnResult
 from app.engine.vllm_engine import RequestRejected
+from app.openai_models import ChatCompletionRequest
 from app.spec.prediction import Prediction
 from deployments.metrics import ServeMetrics
 
@@ -40,8 +40,10 @@ class MainModel:
     async def generate(
         self, payload: dict[str, Any], candidate_refs: list[Any],
         raw_prompt: str | list[int] | None = None,
-    ) -> AsyncIterator[dict[str, Any]]:
-        """`raw_prompt`: /v1/completions (see `MainModelService.prepare`)."""
+    ) -> AsyncIterator[TurnEvent | TurnError]:
+        """`raw_prompt`: /v1/completions (see `MainModelService.prepare`). The turn's events;
+        a `TurnError` (the request cannot be served as asked) is yielded, not raised, so that
+        it crosses Ray intact: the router raises it again (`deployments/router.py`)."""
         # Not a current span: this generator yields, and the replica finishes it in any task.
         span = telemetry.start_span(
             "main.generate", telemetry.extract(payload.pop(telemetry.CARRIER_KEY, None))
@@ -58,21 +60,20 @@ class MainModel:
     async def _generate(
         self, payload: dict[str, Any], candidate_refs: list[Any], span: telemetry.Span,
         raw_prompt: str | list[int] | None = None,
-    ) -> AsyncIterator[dict[str, Any]]:
+    ) -> AsyncIterator[TurnEvent | TurnError]:
         tenant = str(payload.pop(TENANT_KEY, ANONYMOUS_TENANT))
         request = ChatCompletionRequest.model_validate(payload)
         try:
             prepared = self.service.prepare(request, raw_prompt, tenant=tenant)
             await self.service.check_grammar(prepared)
-        except ApiError as err:
-            yield {"type": "error", "status": err.status, "message": err.message,
-                   "param": err.param, "code": err.code}
+        except TurnError as err:
+            yield err
             return
         candidates = _prediction(candidate_refs[0]) if candidate_refs else None
         try:
             async for event in self.service.run(prepared, candidates,
                                                 telemetry.context_of(span)):
-                if event.get("type") == "final":
+                if isinstance(event, TurnResult):
                     telemetry.set_attributes(
                         span, telemetry.main_attributes(event, self.record_content)
                     )
@@ -81,9 +82,9 @@ class MainModel:
                     )
                 yield event
         except RequestRejected as err:  # raised at the engine's add, before any event
-            yield {"type": "error", "status": 400, "param": None, "code": "rejected_by_engine",
-                   "message": "the engine rejected the request (with a forced tool call, "
-                   f"usually a tool schema it cannot turn into a grammar): {err}"}
+            yield TurnError("the engine rejected the request (with a forced tool call, "
+                            f"usually a tool schema it cannot turn into a grammar): {err}",
+                            code="rejected_by_engine")
 
     def engine_counters(self) -> dict[str, int]:
         return self.service.engine.counters()

@@ -16,6 +16,7 @@ itself for calls already running on a replica.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -32,18 +33,19 @@ from ray.serve.handle import DeploymentHandle
 from starlette.types import Receive, Scope, Send
 
 from app import telemetry
-from app.api.agent_loop import SidecarStart, ToolPolicy
-from app.api.auth import ApiKeys, ConcurrencyLimiter
+from app.api.agent_loop import SidecarStart
+from app.api.auth import ApiKeys, Caller, ConcurrencyLimiter
 from app.api.chat_service import (
     ChatService,
     choice_requests,
     merge_completions,
-    parse_request,
     stream_sse,
 )
 from app.api.completions import CompletionService, parse_completion_request
 from app.api.errors import ApiError, describe_validation_errors, error_body
 from app.api.limits import deadline_error, off_loop, read_limited, with_deadline
+from app.api.pre_execution import ToolPolicy
+from app.api.request_checks import parse_request
 from app.api.responses import (
     ResponseBuilder,
     parse_responses_request,
@@ -54,6 +56,7 @@ from app.api.sidecar_gate import SidecarGate
 from app.config import load_config
 from app.engine.history import TENANT_KEY
 from app.engine.tool_formats import get_format
+from app.engine.turn import TurnError, TurnEvent
 from app.spec.prediction import Prediction
 from app.tools.registry import DEFAULT_TIMEOUT_S, ToolResult, ToolSpec
 from deployments.metrics import ServeMetrics
@@ -94,7 +97,7 @@ async def _wrong_method(request: Request, _: Exception) -> JSONResponse:
 
 
 class PoolTools:
-    """The ToolWorker pool behind `app.api.agent_loop.ToolAccess`.
+    """The ToolWorker pool behind `app.api.pre_execution.ToolAccess`.
 
     The registry does not change while the app runs (MCP tools are listed at startup), so the
     specs and the `GET /v1/tools` listing are fetched once per router replica and cached."""
@@ -238,6 +241,25 @@ async def _release_on_arrival(ref: Any, release: Callable[[], None]) -> None:
         release()
 
 
+class _Admission:
+    """One admitted POST: the caller, its body, and its concurrency slot. The slot is released
+    when the route returns, unless a stream takes it over (`hand_over`) to release at its end."""
+
+    def __init__(self, caller: Caller, release: Callable[[], None]) -> None:
+        self.caller = caller
+        self.body = b""
+        self._release: Callable[[], None] | None = release
+
+    def hand_over(self) -> Callable[[], None]:
+        assert self._release is not None
+        held, self._release = self._release, None
+        return held
+
+    def release(self) -> None:
+        if self._release is not None:
+            self._release()
+
+
 @serve.deployment(name="Router")
 @serve.ingress(api)
 class Router:
@@ -272,6 +294,19 @@ class Router:
         self.keys = ApiKeys.from_config(self.config.auth, os.environ)
         self.limiter = ConcurrencyLimiter(self.config.auth.retry_after_s)
         self.started = time.time()
+
+    @contextlib.asynccontextmanager
+    async def _admitted(self, raw: Request) -> AsyncIterator[_Admission]:
+        """The POST routes' preamble: the key and the concurrency slot first (nothing else, not
+        even the body, for a refused caller), then the body under `router.max_body_bytes`."""
+        caller = self._authorize(raw)
+        admission = _Admission(caller, self.limiter.acquire(caller))
+        try:
+            admission.body = await read_limited(
+                raw.stream(), raw.headers.get("content-length"), self.config.router.max_body_bytes)
+            yield admission
+        finally:
+            admission.release()
 
     def _authorize(self, raw: Request) -> Any:
         return self.keys.authenticate(raw.headers.get("authorization"))
@@ -315,22 +350,15 @@ class Router:
 
     @api.post("/v1/chat/completions", response_model=None)
     async def chat_completions(self, raw: Request) -> JSONResponse | StreamingResponse:
-        # Key and concurrency slot first: nothing else (not even the body) for a refused caller.
-        caller = self._authorize(raw)
-        release: Callable[[], None] | None = self.limiter.acquire(caller)
-        try:
+        async with self._admitted(raw) as admission:
+            caller = admission.caller
             max_bytes = self.config.router.max_body_bytes
-            body = await read_limited(raw.stream(), raw.headers.get("content-length"),
-                                      max_bytes)
             limits = self.config.limits
             request = await off_loop(
-                lambda: parse_request(body, max_bytes, limits,
+                lambda: parse_request(admission.body, max_bytes, limits,
                                       self.config.main.engine.max_model_len),
                 limits.schema_check_timeout_s, "checking the request's schemas")
-            if request.model and request.model != self.chat.model_name:
-                raise ApiError(404, f"model '{request.model}' does not exist; this server "
-                               f"serves '{self.chat.model_name}'", param="model",
-                               code="model_not_found")
+            self._check_model(request.model)
             self.chat.check_options(request)
             # `n` > 1: every choice is a request of its own, decoded in parallel.
             trace_parent = telemetry.extract(raw.headers)
@@ -344,58 +372,43 @@ class Router:
             ]
             if request.stream:
                 replays = await _all_prefetched(choices)
-                assert release is not None
-                held, release = release, None  # the stream owns the slot from here on
                 pairs = [s for pair in zip(replays, choices, strict=True) for s in pair]
                 engine = self.config.main.engine
                 sse = stream_sse(request, replays, self.chat.model_name,
                                  get_format(engine.tool_format), engine.reasoning_parser)
-                return _owning_stream(sse, pairs, held)
+                return _owning_stream(sse, pairs, admission.hand_over())
             return JSONResponse(merge_completions(await _all_finals(choices)))
-        finally:
-            if release is not None:
-                release()
 
     @api.post("/v1/completions", response_model=None)
     async def completions(self, raw: Request) -> JSONResponse | StreamingResponse:
-        caller = self._authorize(raw)
-        release: Callable[[], None] | None = self.limiter.acquire(caller)
         try:
-            max_bytes = self.config.router.max_body_bytes
-            body = await read_limited(raw.stream(), raw.headers.get("content-length"),
-                                      max_bytes)
-            request = parse_completion_request(
-                body, max_bytes, self.config.limits, self.config.main.engine.max_model_len)
-            self._check_model(request.model)
+            async with self._admitted(raw) as admission:
+                caller = admission.caller
+                request = parse_completion_request(
+                    admission.body, self.config.router.max_body_bytes, self.config.limits,
+                    self.config.main.engine.max_model_len)
+                self._check_model(request.model)
 
-            def main_events(payload: dict[str, Any], prompt: Any) -> AsyncIterator[Any]:
-                # The caller's tenant: its own prefix cache, as on the chat route.
-                tenant = {TENANT_KEY: caller.tenant}
-                return self._main_events({**payload, **tenant}, None, prompt)
+                def main_events(payload: dict[str, Any], prompt: Any) -> AsyncIterator[Any]:
+                    # The caller's tenant: its own prefix cache, as on the chat route.
+                    tenant = {TENANT_KEY: caller.tenant}
+                    return self._main_events({**payload, **tenant}, None, prompt)
 
-            timeout = self.config.router.request_timeout_s
-            if request.stream:
-                events = await _prefetched(self.text.stream(request, main_events, timeout))
-                assert release is not None
-                held, release = release, None  # the stream owns the slot from here on
-                return _owning_stream(events, [events], held)
-            async with asyncio.timeout(timeout):
-                return JSONResponse(await self.text.complete(request, main_events))
+                timeout = self.config.router.request_timeout_s
+                if request.stream:
+                    events = await _prefetched(self.text.stream(request, main_events, timeout))
+                    return _owning_stream(events, [events], admission.hand_over())
+                async with asyncio.timeout(timeout):
+                    return JSONResponse(await self.text.complete(request, main_events))
         except TimeoutError:
             raise deadline_error(self.config.router.request_timeout_s) from None
-        finally:
-            if release is not None:
-                release()
 
     @api.post("/v1/responses", response_model=None)
     async def responses(self, raw: Request) -> JSONResponse | StreamingResponse:
-        caller = self._authorize(raw)
-        release: Callable[[], None] | None = self.limiter.acquire(caller)
-        try:
+        async with self._admitted(raw) as admission:
+            caller = admission.caller
             max_bytes = self.config.router.max_body_bytes
-            body = await read_limited(raw.stream(), raw.headers.get("content-length"),
-                                      max_bytes)
-            request = parse_responses_request(body, max_bytes)
+            request = parse_responses_request(admission.body, max_bytes)
             self._check_model(request.model)
             # The chat route's checks (limits, schemas) on the request it becomes.
             converted = to_chat_request(request).model_dump(exclude_none=True)
@@ -413,16 +426,11 @@ class Router:
             )
             if request.stream:
                 replay = await _prefetched(events)
-                assert release is not None
-                held, release = release, None  # the stream owns the slot from here on
                 return _owning_stream(stream_events(request, chat, replay, self.chat.model_name),
-                                      [replay, events], held)
+                                      [replay, events], admission.hand_over())
             completion = await _final(events)
             return JSONResponse(
                 ResponseBuilder(request, self.chat.model_name).final(completion))
-        finally:
-            if release is not None:
-                release()
 
     def _check_model(self, model: str | None) -> None:
         if model and model != self.chat.model_name:
@@ -470,7 +478,8 @@ class Router:
 
     async def _main_events(
         self, payload: dict[str, Any], sidecar_ref: Any, raw_prompt: Any = None
-    ) -> AsyncIterator[dict[str, Any]]:
+    ) -> AsyncIterator[TurnEvent]:
+        """The main replica's events; the `TurnError` it hands over is raised here."""
         refs = [sidecar_ref] if sidecar_ref is not None else []
         baseline = (payload.get("ooo_spec") or {}).get("baseline")
         main = self.baselines[baseline] if baseline else self.main
@@ -480,9 +489,11 @@ class Router:
             stream = (main.generate.remote(payload, refs) if raw_prompt is None
                       else main.generate.remote(payload, refs, raw_prompt))
             async for event in stream:
+                if isinstance(event, TurnError):
+                    raise event
                 yield event
             finished = True
-        except ApiError:
+        except (ApiError, TurnError):
             raise
         except Exception:
             logger.exception("main model call failed")

@@ -12,12 +12,12 @@ from typing import Any
 from ray import serve
 
 from app import telemetry
-from app.api.openai_models import ChatCompletionRequest
 from app.config import load_config
 from app.engine.history import ANONYMOUS_TENANT, TENANT_KEY
 from app.engine.sidecar import SidecarService
 from app.engine.vllm_engine import use_cache_salt
 from app.faults import SIDECAR_FAULTS, FaultPlan, garbage_prediction, wrong_prediction
+from app.openai_models import ChatCompletionRequest
 from app.spec.prediction import Prediction
 from deployments.fault_handles import FaultHandles
 from deployments.metrics import ServeMetrics
@@ -71,12 +71,7 @@ class Sidecar(FaultHandles):
 
     async def _faulty(self, fault: str, request: ChatCompletionRequest) -> dict[str, Any]:
         if fault == "hang":
-            self.faults.waiting += 1
-            try:
-                while self.faults.active() == "hang":
-                    await asyncio.sleep(0.1)
-            finally:
-                self.faults.waiting -= 1
+            await self.faults.hang()
             raise RuntimeError("injected fault: the sidecar hung")
         if fault == "slow":
             prompt = self.service.prompt(request, request.tool_dicts())

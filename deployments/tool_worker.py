@@ -9,7 +9,6 @@ fault aside: `inject_fault` works only when the config enables fault injection).
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 from typing import Any
 
@@ -74,12 +73,7 @@ class ToolWorker(FaultHandles):
         self.received[f"{name}:{'speculative' if speculative else 'committed'}"] += 1
         fault = self.faults.hit()
         if fault == "hang":
-            self.faults.waiting += 1
-            try:
-                while self.faults.active() == "hang":
-                    await asyncio.sleep(0.1)
-            finally:
-                self.faults.waiting -= 1
+            await self.faults.hang()
         elif fault == "error":
             raise RuntimeError("injected fault: the tool worker failed")
         if speculative and not may_pre_execute(

@@ -142,21 +142,23 @@ register_mode("ooo+tools", {"ooo_spec": {"enabled": True, "pre_execute": True}},
               sources=AGENT_SOURCES)
 # What re-alignment after a divergence is worth: drafting stops at the first mismatch.
 register_mode("ooo:no-realign",
-              {"ooo_spec": {"enabled": True, "pre_execute": False, "realign": False}},
+              {"ooo_spec": {"enabled": True, "pre_execute": False,
+                            "diagnostics": {"realign": False}}},
               "speculation without re-alignment (prefix-only drafting)", sources=["bfcl"])
 # The sidecar's own numbers: the response waits for its prediction, even a late one, so its
 # readiness and agreement with plain's call are measured on every case (latency not comparable).
 register_mode(SIDECAR, {"ooo_spec": {"enabled": True, "pre_execute": False,
-                                     "await_prediction": True}},
+                                     "diagnostics": {"await_prediction": True}}},
               "speculation, reporting the sidecar's prediction whenever it arrives",
               sources=["bfcl"])
 register_mode(SIDECAR_VERIFY, {"ooo_spec": {"enabled": True, "pre_execute": False,
-                                            "await_prediction": True,
-                                            "verify_prediction": True}},
+                                            "diagnostics": {"await_prediction": True,
+                                                            "verify_prediction": True}}},
               "as `sidecar`, the sidecar verifying its slots in one drafted pass",
               sources=["bfcl"])
 register_mode(SIDECAR_BASE, {"ooo_spec": {"enabled": True, "pre_execute": False,
-                                          "await_prediction": True, "sidecar_adapter": False}},
+                                          "diagnostics": {"await_prediction": True,
+                                                          "sidecar_adapter": False}}},
               "as `sidecar`, the sidecar's base model without its LoRA adapter",
               sources=["bfcl"])
 

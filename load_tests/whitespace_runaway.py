@@ -14,14 +14,12 @@ import asyncio
 import json
 import time
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel
 
-from app.api.openai_models import ChatCompletionRequest
 from app.config import AppConfig
 from app.engine.main_model import MainModelService
-from app.spec.canonical import Invocation
+from app.openai_models import ChatCompletionRequest
 from load_tests.bfcl import BfclCase, load_bfcl, score_calls
 
 CATEGORIES = ("simple_python", "multiple")
@@ -73,18 +71,16 @@ async def run_case(
         "temperature": 0.0, "max_tokens": max_tokens, "ooo_spec": {"enabled": False},
     })
     started = time.perf_counter()
-    final: dict[str, Any] = {}
-    async for event in service.run(service.prepare(request), None):
-        final = event
-    calls = [Invocation(name=c["name"], arguments=c["arguments"]) for c in final["calls"]]
+    final = await service.complete(service.prepare(request))
+    calls = final.calls
     return CaseResult(
         id=case.id,
         grammar=grammar,
-        finish_reason=final["finish_reason"],
-        completion_tokens=final["completion_tokens"],
+        finish_reason=final.finish_reason,
+        completion_tokens=final.completion_tokens,
         parsed=bool(calls),
         correct=bool(calls) and score_calls(calls, case),
-        text=final["text"],
+        text=final.text,
         seconds=time.perf_counter() - started,
     )
 

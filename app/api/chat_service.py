@@ -3,8 +3,9 @@
 The deployment supplies two callables — `start_sidecar(payload)` (a `SidecarStart`: the token
 the main call carries plus the prediction for pre-execution, or None) and
 `main_events(payload, token)` (the main model's event stream) — and a `ToolAccess` for the tool
-pool. Everything else — request checks, pre-execution and the agent loop, the OpenAI response
-and SSE shapes, the `ooo_spec` report — lives here so it is testable without a model.
+pool. The turn loop, the OpenAI response and SSE shapes and the `ooo_spec` report live here,
+testable without a model; request checks are in request_checks.py, pre-execution in
+pre_execution.py.
 """
 
 from __future__ import annotations
@@ -20,36 +21,11 @@ from typing import Any
 
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind
-from pydantic import ValidationError
 
 from app import telemetry
-from app.api.agent_loop import (
-    Clock,
-    LoopState,
-    PreExecution,
-    SidecarStart,
-    ToolAccess,
-    ToolPolicy,
-    ToolRun,
-    combine_outcomes,
-    run_tool,
-    sum_main,
-)
-from app.api.errors import ApiError, describe_validation_errors
-from app.api.limits import (
-    check_body_depth,
-    check_output_schema,
-    check_request,
-    json_object_body,
-)
-from app.api.openai_models import (
-    CandidateReport,
-    ChatCompletionRequest,
-    OooSpecReport,
-    Outcome,
-    PredictionReport,
-    TimingsReport,
-)
+from app.api.agent_loop import LoopState, SidecarStart, combine_outcomes, sum_main
+from app.api.errors import ApiError, api_error
+from app.api.pre_execution import Clock, PreExecution, ToolAccess, ToolPolicy, ToolRun, run_tool
 from app.api.streaming import (  # noqa: F401 - moved there; importers of this module keep them
     _choice_chunks,
     _merged,
@@ -58,67 +34,42 @@ from app.api.streaming import (  # noqa: F401 - moved there; importers of this m
     sse,
     stream_sse,
 )
-from app.config import LimitsConfig, TelemetryConfig
+from app.config import TelemetryConfig
 from app.engine.history import ANONYMOUS_TENANT, TENANT_KEY
 from app.engine.tool_format import new_call_id
+from app.engine.turn import TurnDelta, TurnError, TurnEvent, TurnResult
+from app.openai_models import (
+    ChatCompletionRequest,
+    OooSpecReport,
+    PredictionReport,
+    TimingsReport,
+)
 from app.spec.canonical import Invocation
 from app.spec.prediction import Prediction
-from app.spec.reconcile import classify_outcome
-from app.spec.validation import check_schema
+from app.spec.reconcile import Outcome, classify_outcome
 from app.telemetry import HitRateWindow, MetricsSink, NullMetrics
 
 logger = logging.getLogger(__name__)
 
 StartSidecar = Callable[[dict[str, Any]], Awaitable[SidecarStart | None]]
-MainEvents = Callable[[dict[str, Any], Any], AsyncIterator[dict[str, Any]]]
-
-
-def parse_request(
-    body: bytes,
-    max_bytes: int,
-    limits: LimitsConfig | None = None,
-    context: int | None = None,
-) -> ChatCompletionRequest:
-    """The validated request, or an `ApiError`; `limits` (app.api.limits) and the main model's
-    `context` length bound what it may ask for."""
-    data = json_object_body(body, max_bytes)
-    if limits is not None:
-        check_body_depth(data, limits)
-    try:
-        request = ChatCompletionRequest.model_validate(data)
-    except ValidationError as exc:
-        message, param = describe_validation_errors(exc.errors())
-        raise ApiError(400, message, param=param) from None
-    if limits is not None:
-        check_request(request, limits, context if context is not None else limits.max_tokens)
-    if limits is not None and (request.n or 1) > limits.max_choices:
-        raise ApiError(400, f"n is {request.n}; this server returns at most "
-                       f"{limits.max_choices} choices per request", param="n",
-                       code="too_many_choices")
-    schema = request.output_schema
-    if schema is not None:
-        check_output_schema(schema, limits)
-    for tool in request.tools or []:
-        problem = check_schema(tool.function.parameters)
-        if problem:
-            raise ApiError(
-                400,
-                f"tool '{tool.function.name}' has parameters that are not a valid JSON "
-                f"Schema: {problem}",
-                param="tools",
-            )
-    return request
+# The main replica's events for one turn; raises `TurnError` when the request cannot be served.
+MainEvents = Callable[[dict[str, Any], Any], AsyncIterator[TurnEvent]]
 
 
 @dataclass
 class _Turn:
     """One main-model turn after its commit."""
 
-    final: dict[str, Any]
+    final: TurnResult
     call_ids: list[str]
-    invocations: list[Invocation]
     commit: float
     pre: PreExecution | None
+    # The sidecar's prediction as the router saw it (`await_prediction` only).
+    prediction: PredictionReport | None = None
+
+    @property
+    def invocations(self) -> list[Invocation]:
+        return self.final.calls
 
 
 class ChatService:
@@ -254,6 +205,8 @@ class ChatService:
                 if state.first_commit is None:
                     state.first_commit = turn.commit
                 state.finals.append(turn.final)
+                if turn.prediction is not None:
+                    state.predictions.append(turn.prediction)
                 state.outcomes.append(self.outcome(turn_request, turn.final))
                 telemetry.set_attributes(turn_span, telemetry.turn_attributes(
                     len(state.finals) - 1, turn_request.effective_tool_choice,
@@ -309,27 +262,25 @@ class ChatService:
         ):
             # Only the tools the request declared the server's: a client's own tool that shares
             # a server tool's name is never run here.
-            schemas = {t.function.name: t.function.parameters for t in request.tools or []
-                       if t.function.name in request.server_tool_names}
+            schemas = request.tool_schemas(request.server_tool_names)
             pre = PreExecution(self.tools, self.policy, schemas, request.named_tool, self.clock)
             with telemetry.within(span):
                 pre.watch(sidecar.prediction)
-        observed: asyncio.Future[dict[str, Any]] | None = None
+        observed: asyncio.Future[PredictionReport] | None = None
         if sidecar is not None and sidecar.prediction is not None and (
-            request.ooo_spec.await_prediction
+            request.ooo_spec.diagnostics.await_prediction
         ):
             observed = asyncio.ensure_future(observe_prediction(sidecar.prediction, self.clock))
-        final: dict[str, Any] | None = None
+        final: TurnResult | None = None
         try:
-            async for event in main_events(payload, sidecar.token if sidecar else None):
-                kind = event.get("type")
-                if kind == "error":
-                    raise ApiError(event["status"], event["message"], event.get("param"),
-                                   event.get("code"))
-                if kind == "delta":
-                    yield "delta", event
-                elif kind == "final":
-                    final = event
+            try:
+                async for event in main_events(payload, sidecar.token if sidecar else None):
+                    if isinstance(event, TurnDelta):
+                        yield "delta", {"text": event.text, "logprobs": event.logprobs}
+                    else:
+                        final = event
+            except TurnError as err:
+                raise api_error(err) from None
         except BaseException:
             if pre is not None:
                 pre.cancel()
@@ -339,9 +290,10 @@ class ChatService:
                 sidecar.cancel()  # a dropped client or the deadline: stop the sidecar too
             raise
         commit = self.clock()
+        prediction: PredictionReport | None = None
         try:
             if observed is not None and final is not None:
-                final["prediction"] = await observed
+                prediction = await observed
         finally:
             # The prediction is moot once the main call is over: free the sidecar.
             if sidecar is not None and sidecar.cancel is not None:
@@ -350,10 +302,8 @@ class ChatService:
             if pre is not None:
                 pre.cancel()
             raise ApiError(503, "the main model ended the request without a result")
-        invocations = [Invocation(name=c["name"], arguments=c["arguments"])
-                       for c in final["calls"]]
-        call_ids = [new_call_id() for _ in invocations]
-        yield "turn", {"turn": _Turn(final, call_ids, invocations, commit, pre)}
+        call_ids = [new_call_id() for _ in final.calls]
+        yield "turn", {"turn": _Turn(final, call_ids, commit, pre, prediction)}
 
     async def _executes(
         self, request: ChatCompletionRequest, turn: _Turn, state: LoopState
@@ -395,7 +345,7 @@ class ChatService:
             state.tool_results.append(run.report(call_id, turn.commit))
         assistant: dict[str, Any] = {
             "role": "assistant",
-            "content": turn.final["content"] or None,
+            "content": turn.final.content or None,
             "tool_calls": self._tool_calls(turn),
         }
         replies = [
@@ -465,18 +415,18 @@ class ChatService:
     ) -> dict[str, Any]:
         final = turn.final
         tool_calls = self._tool_calls(turn)
-        message: dict[str, Any] = {"role": "assistant", "content": final["content"]}
-        if final.get("reasoning") is not None:  # only main-model finals carry it
+        message: dict[str, Any] = {"role": "assistant", "content": final.content}
+        if final.reasoning is not None:
             # vLLM 0.32 names it `reasoning`; `reasoning_content` for clients of older vLLM.
-            message["reasoning"] = message["reasoning_content"] = final.get("reasoning")
+            message["reasoning"] = message["reasoning_content"] = final.reasoning
         if tool_calls:
             message["tool_calls"] = tool_calls
-        finish = final["finish_reason"] or "stop"
+        finish = final.finish_reason or "stop"
         if tool_calls and finish == "stop":
             finish = "tool_calls"
         # Usage over every turn the request caused (what it cost), like `main` in the report.
-        prompt_tokens = sum(f["prompt_tokens"] for f in state.finals)
-        completion_tokens = sum(f["completion_tokens"] for f in state.finals)
+        prompt_tokens = sum(f.prompt_tokens for f in state.finals)
+        completion_tokens = sum(f.completion_tokens for f in state.finals)
         report = self.report(request, state, started)
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex}",
@@ -484,7 +434,7 @@ class ChatService:
             "created": int(time.time()),
             "model": self.model_name,
             "choices": [{"index": 0, "message": message, "finish_reason": finish,
-                         "logprobs": _logprobs(request, final.get("logprobs"))}],
+                         "logprobs": _logprobs(request, final.logprobs)}],
             "usage": {
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": completion_tokens,
@@ -493,15 +443,15 @@ class ChatService:
             "ooo_spec": report.model_dump(),
         }
 
-    def outcome(self, request: ChatCompletionRequest, final: dict[str, Any]) -> Outcome:
-        sidecar = final.get("sidecar") or {}
-        schemas = {t.function.name: t.function.parameters for t in request.tools or []}
+    def outcome(self, request: ChatCompletionRequest, final: TurnResult) -> Outcome:
+        schemas = request.tool_schemas()
         return classify_outcome(
             speculated=self.wants_sidecar(request),
-            sidecar_status=sidecar.get("status", "none"),
-            sidecar_no_call=bool(sidecar.get("no_call")),
-            candidates=final.get("candidates") or [],
-            committed=final["calls"],
+            sidecar_status=final.sidecar.status,
+            sidecar_no_call=final.sidecar.no_call,
+            candidates=[(Invocation(name=c.name, arguments=c.arguments), c.valid)
+                        for c in final.candidates],
+            committed=final.calls,
             schemas=schemas,
         )
 
@@ -516,23 +466,21 @@ class ChatService:
             enabled=self.wants_sidecar(request),
             outcome=combine_outcomes(state.outcomes),
             baseline=request.ooo_spec.baseline,
-            candidates=[CandidateReport.model_validate(c)
-                        for f in finals for c in f.get("candidates") or []],
-            main=sum_main(f["main"] for f in finals),
+            candidates=[c for f in finals for c in f.candidates],
+            main=sum_main(f.main for f in finals),
             tool_results=state.tool_results,
-            predictions=[PredictionReport.model_validate(f["prediction"])
-                         for f in finals if f.get("prediction")],
+            predictions=state.predictions,
             timings_ms=TimingsReport(
                 total=(self.clock() - started) * 1000,
-                sidecar=sum((f.get("sidecar") or {}).get("elapsed_ms", 0.0) for f in finals),
-                main=sum(f.get("main_ms", 0.0) for f in finals),
+                sidecar=sum(f.sidecar.elapsed_ms for f in finals),
+                main=sum(f.main_ms for f in finals),
                 tools=state.tools_ms,
                 first_commit=(first_commit - started) * 1000,
             ),
         )
 
 
-async def observe_prediction(prediction: Awaitable[Any], clock: Clock) -> dict[str, Any]:
+async def observe_prediction(prediction: Awaitable[Any], clock: Clock) -> PredictionReport:
     """The sidecar's prediction as the router saw it arrive (`await_prediction`), for the
     agreement measurement: its first candidate, whenever it came."""
     started = clock()
@@ -542,7 +490,7 @@ async def observe_prediction(prediction: Awaitable[Any], clock: Clock) -> dict[s
     except Exception as exc:  # noqa: BLE001 - reported, never raised: it is a measurement
         logger.warning("sidecar prediction failed: %s: %s", type(exc).__name__, exc)
         return PredictionReport(ready_ms=(clock() - started) * 1000,
-                                error="the sidecar's prediction failed").model_dump()
+                                error="the sidecar's prediction failed")
     first = parsed.candidates[0] if parsed.candidates else []
     return PredictionReport(
         ready_ms=(clock() - started) * 1000,
@@ -550,7 +498,7 @@ async def observe_prediction(prediction: Awaitable[Any], clock: Clock) -> dict[s
         calls=[{"name": c.name, "arguments": c.arguments} for c in first],
         no_call=parsed.no_call,
         error=parsed.error,
-    ).model_dump()
+    )
 
 
 def _logprobs(

@@ -15,12 +15,14 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.api.chat_service import sse
-from app.api.errors import ApiError, describe_validation_errors
+from app.api.errors import ApiError, api_error, validated
 from app.api.limits import check_body_depth, check_output_schema, json_object_body, with_deadline
-from app.api.openai_models import (
+from app.config import LimitsConfig
+from app.engine.turn import TurnDelta, TurnError, TurnEvent, TurnResult
+from app.openai_models import (
     ChatCompletionRequest,
     MainReport,
     OooSpecOptions,
@@ -28,12 +30,12 @@ from app.api.openai_models import (
     StreamOptions,
     TimingsReport,
 )
-from app.api.output_format import ResponseFormat
-from app.config import LimitsConfig
+from app.output_format import ResponseFormat
 
 Prompt = str | list[int]
 # One choice's main-model events: the deployment's `generate` with a raw prompt.
-MainEvents = Callable[[dict[str, Any], Prompt], AsyncIterator[dict[str, Any]]]
+# Raises `TurnError` when the request cannot be served as asked.
+MainEvents = Callable[[dict[str, Any], Prompt], AsyncIterator[TurnEvent]]
 
 logger = logging.getLogger(__name__)
 
@@ -107,11 +109,7 @@ def parse_completion_request(
     """The validated request, or an `ApiError` (the chat route's checks, for a prompt)."""
     data = json_object_body(body, max_bytes)
     check_body_depth(data, limits)
-    try:
-        request = CompletionRequest.model_validate(data)
-    except ValidationError as exc:
-        message, param = describe_validation_errors(exc.errors())
-        raise ApiError(400, message, param=param) from None
+    request = validated(CompletionRequest, data)
     ceiling = min(limits.max_tokens, context)
     if request.max_tokens is not None and request.max_tokens > ceiling:
         raise ApiError(400, f"max_tokens is {request.max_tokens}; this server generates at "
@@ -128,17 +126,17 @@ def parse_completion_request(
     return request
 
 
-def _report(request: CompletionRequest, finals: Sequence[dict[str, Any]], started: float
+def _report(request: CompletionRequest, finals: Sequence[TurnResult], started: float
             ) -> dict[str, Any]:
     """The `ooo_spec` object: no sidecar (nothing to predict); the main model's counts over
     every choice."""
     main = MainReport(
-        steps=sum(f["main"]["steps"] for f in finals),
-        completion_tokens=sum(f["main"]["completion_tokens"] for f in finals),
-        drafted_tokens=sum(f["main"]["drafted_tokens"] for f in finals),
-        accepted_tokens=sum(f["main"]["accepted_tokens"] for f in finals),
-        ttft_ms=min((f["main"]["ttft_ms"] for f in finals), default=0.0),
-        decode_ms=max((f["main"]["decode_ms"] for f in finals), default=0.0),
+        steps=sum(f.main.steps for f in finals),
+        completion_tokens=sum(f.main.completion_tokens for f in finals),
+        drafted_tokens=sum(f.main.drafted_tokens for f in finals),
+        accepted_tokens=sum(f.main.accepted_tokens for f in finals),
+        ttft_ms=min((f.main.ttft_ms for f in finals), default=0.0),
+        decode_ms=max((f.main.decode_ms for f in finals), default=0.0),
     )
     total = (time.perf_counter() - started) * 1000
     return OooSpecReport(
@@ -149,16 +147,16 @@ def _report(request: CompletionRequest, finals: Sequence[dict[str, Any]], starte
     ).model_dump()
 
 
-def _usage(finals: Sequence[dict[str, Any]], prompts: int, n: int) -> dict[str, int]:
+def _usage(finals: Sequence[TurnResult], prompts: int, n: int) -> dict[str, int]:
     # As vLLM: each prompt counted once, every choice's completion.
-    prompt_tokens = sum(finals[i * n]["prompt_tokens"] for i in range(prompts))
-    completion_tokens = sum(f["completion_tokens"] for f in finals)
+    prompt_tokens = sum(finals[i * n].prompt_tokens for i in range(prompts))
+    completion_tokens = sum(f.completion_tokens for f in finals)
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def _finish(final: dict[str, Any]) -> str:
-    return str(final["finish_reason"] or "stop")
+def _finish(final: TurnResult) -> str:
+    return final.finish_reason or "stop"
 
 
 class CompletionService:
@@ -167,7 +165,7 @@ class CompletionService:
 
     def _streams(
         self, request: CompletionRequest, main_events: MainEvents
-    ) -> list[AsyncIterator[dict[str, Any]]]:
+    ) -> list[AsyncIterator[TurnEvent]]:
         """One main-model event stream per choice, prompt-major (index = prompt * n + i)."""
         return [
             main_events(request.chat_request(i).model_dump(exclude_none=True), prompt)
@@ -186,7 +184,7 @@ class CompletionService:
             raise grouped.exceptions[0] from None
         finals = [task.result() for task in tasks]
         choices = [
-            {"index": i, "text": f["content"] or "", "logprobs": f.get("logprobs"),
+            {"index": i, "text": f.content or "", "logprobs": f.logprobs,
              "finish_reason": _finish(f), "stop_reason": None}
             for i, f in enumerate(finals)
         ]
@@ -216,25 +214,25 @@ class CompletionService:
             return {"id": completion_id, "object": "text_completion", "created": created,
                     "model": self.model_name, "choices": choices}
 
-        async def tagged() -> AsyncIterator[tuple[int, dict[str, Any]]]:
+        async def tagged() -> AsyncIterator[tuple[int, TurnEvent]]:
             for index, events in enumerate(self._streams(request, main_events)):
-                async for event in events:
-                    yield index, event
+                try:
+                    async for event in events:
+                        yield index, event
+                except TurnError as err:
+                    raise api_error(err) from None
 
-        finals: list[dict[str, Any]] = []
+        finals: list[TurnResult] = []
         sent = False
         try:
             last: dict[str, Any] = {}
             async for index, event in with_deadline(tagged(), timeout_s):
-                if event.get("type") == "error":
-                    raise ApiError(event["status"], event["message"], event.get("param"),
-                                   event.get("code"))
-                if event.get("type") == "delta":
+                if isinstance(event, TurnDelta):
                     sent = True
-                    yield sse(body([{"index": index, "text": event["text"],
-                                     "logprobs": event.get("logprobs"),
+                    yield sse(body([{"index": index, "text": event.text,
+                                     "logprobs": event.logprobs,
                                      "finish_reason": None, "stop_reason": None}]))
-                elif event.get("type") == "final":
+                else:
                     finals.append(event)
                     last = body([{"index": index, "text": "", "logprobs": None,
                                   "finish_reason": _finish(event), "stop_reason": None}])
@@ -261,14 +259,14 @@ class CompletionService:
         yield sse("[DONE]")
 
 
-async def _final(events: AsyncIterator[dict[str, Any]]) -> dict[str, Any]:
-    final: dict[str, Any] | None = None
-    async for event in events:
-        if event.get("type") == "error":
-            raise ApiError(event["status"], event["message"], event.get("param"),
-                           event.get("code"))
-        if event.get("type") == "final":
-            final = event
+async def _final(events: AsyncIterator[TurnEvent]) -> TurnResult:
+    final: TurnResult | None = None
+    try:
+        async for event in events:
+            if isinstance(event, TurnResult):
+                final = event
+    except TurnError as err:
+        raise api_error(err) from None
     if final is None:
         raise ApiError(503, "the main model ended the request without a result")
     return final

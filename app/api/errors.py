@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from app.engine.turn import TurnError
+
+M = TypeVar("M", bound=BaseModel)
 
 _TYPES = {
     400: "invalid_request_error",
@@ -40,6 +46,12 @@ class ApiError(Exception):
         return error_body(self.status, self.message, self.param, self.code)
 
 
+def api_error(err: TurnError) -> ApiError:
+    """The HTTP error for a request the engine layer cannot serve as asked: the client's
+    to fix."""
+    return ApiError(400, err.message, param=err.param, code=err.code)
+
+
 def error_body(
     status: int, message: str, param: str | None = None, code: str | None = None
 ) -> dict[str, Any]:
@@ -51,6 +63,15 @@ def error_body(
             "code": code,
         }
     }
+
+
+def validated(model: type[M], data: Any) -> M:
+    """`data` as a `model`, or a 400 with a readable message naming the first offending field."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        message, param = describe_validation_errors(exc.errors())
+        raise ApiError(400, message, param=param) from None
 
 
 def describe_validation_errors(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str | None]:

@@ -14,8 +14,8 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, TypeVar
 
 from app.api.errors import ApiError
-from app.api.openai_models import ChatCompletionRequest
 from app.config import LimitsConfig
+from app.openai_models import ChatCompletionRequest
 from app.spec.schema_limits import expansion_size, pattern_problem, schema_patterns
 from app.spec.validation import check_schema
 

@@ -22,9 +22,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from app.api.errors import ApiError, describe_validation_errors
+from app.api.errors import ApiError, describe_validation_errors, validated
 from app.api.limits import json_object_body
-from app.api.openai_models import ChatCompletionRequest, OooSpecOptions
+from app.openai_models import ChatCompletionRequest, OooSpecOptions
 
 logger = logging.getLogger(__name__)
 
@@ -147,11 +147,7 @@ class ResponsesRequest(BaseModel):
 
 def parse_responses_request(body: bytes, max_bytes: int) -> ResponsesRequest:
     data = json_object_body(body, max_bytes)
-    try:
-        return ResponsesRequest.model_validate(data)
-    except ValidationError as exc:
-        message, param = describe_validation_errors(exc.errors())
-        raise ApiError(400, message, param=param) from None
+    return validated(ResponsesRequest, data)
 
 
 def _item(raw: dict[str, Any], index: int) -> InputItem:
@@ -227,12 +223,7 @@ def to_chat_request(request: ResponsesRequest) -> ChatCompletionRequest:
             "name": fmt.name or "response", "schema": fmt.json_schema, "strict": fmt.strict}}
     elif fmt is not None:
         data["response_format"] = {"type": fmt.type}
-    try:
-        return ChatCompletionRequest.model_validate(
-            {k: v for k, v in data.items() if v is not None})
-    except ValidationError as exc:
-        message, param = describe_validation_errors(exc.errors())
-        raise ApiError(400, message, param=param) from None
+    return validated(ChatCompletionRequest, {k: v for k, v in data.items() if v is not None})
 
 
 # ----- the response -------------------------------------------------------------------------

@@ -27,12 +27,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.api.errors import ApiError
-from app.api.openai_models import ChatCompletionRequest
 from app.engine.output_stream import OutputDelta, OutputStream
 from app.engine.reasoning import Reasoning, ReasoningParserName
 from app.engine.tool_format import new_call_id
 from app.engine.tool_formats import ToolFormat, get_format
 from app.engine.tool_formats.incremental import CallDelta
+from app.openai_models import ChatCompletionRequest
 
 logger = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from app.api.openai_models import ChatCompletionRequest
 from app.distill.pairs import CommittedCall, Sample
 from app.engine.main_model import MainModelService
+from app.openai_models import ChatCompletionRequest
 
 # The benchmark's agreement cases (issue: BFCL simple_python + multiple): never collected.
 MEASURED = frozenset({"simple_python", "multiple"})
@@ -72,14 +72,12 @@ def load_cases(sources: Sequence[str], limit: int | None) -> list[DistillCase]:
 
 async def collect_one(service: MainModelService, case: DistillCase) -> Sample | None:
     request = ChatCompletionRequest.model_validate(request_body(case))
-    final: dict[str, Any] = {}
-    async for event in service.run(service.prepare(request), None):
-        final = event
-    if final.get("finish_reason") == "length" or not final.get("calls"):
+    final = await service.complete(service.prepare(request))
+    if final.finish_reason == "length" or not final.calls:
         return None
     return Sample(case_id=case.id, source=case.source, request=request_body(case),
-                  text=final["text"],
-                  calls=[CommittedCall.model_validate(c) for c in final["calls"]])
+                  text=final.text,
+                  calls=[CommittedCall(name=c.name, arguments=c.arguments) for c in final.calls])
 
 
 async def collect(

@@ -22,11 +22,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from app.api.openai_models import ChatCompletionRequest
 from app.config import AppConfig
 from app.engine import slot_filling
 from app.engine.embedded_model import resolve_model_path
 from app.engine.sidecar import SidecarService
+from app.openai_models import ChatCompletionRequest
 
 PairKind = Literal["name", "slot", "call"]
 KINDS: tuple[PairKind, ...] = ("name", "slot", "call")

@@ -18,8 +18,6 @@ from typing import Any
 from opentelemetry.context import Context
 
 from app import telemetry
-from app.api.errors import ApiError
-from app.api.openai_models import CandidateReport, ChatCompletionRequest
 from app.config import AppConfig
 from app.engine import chat_prompt
 from app.engine.auto_drafts import AutoDrafts
@@ -27,6 +25,7 @@ from app.engine.grammar_check import GrammarCheck, GrammarTooSlow, tokenizer_inf
 from app.engine.history import ANONYMOUS_TENANT, InvocationHistory, request_text
 from app.engine.json_grammar import GrammarError, bounded_whitespace_grammar
 from app.engine.logprobs import TokenLogprobs, chat_logprobs, completion_logprobs
+from app.engine.protocol import DraftStore, Engine
 from app.engine.reasoning import Reasoning
 from app.engine.tool_format import (
     ParsedCall,
@@ -39,8 +38,18 @@ from app.engine.tool_format import (
     render_json_variants,
 )
 from app.engine.tool_formats import get_format
+from app.engine.turn import (
+    SidecarDelivery,
+    SidecarStatus,
+    TurnDelta,
+    TurnError,
+    TurnEvent,
+    TurnResult,
+)
 from app.engine.vllm_engine import GenerationTally, VllmEngine
-from app.spec.prediction import PredictedCall, Prediction
+from app.openai_models import CandidateReport, ChatCompletionRequest, MainReport
+from app.spec.canonical import Invocation
+from app.spec.prediction import Prediction
 from app.spec.validation import validate_arguments
 
 logger = logging.getLogger(__name__)
@@ -83,18 +92,60 @@ class CandidateIntake:
     """What happened to the sidecar's answer inside the main replica."""
 
     reports: list[CandidateReport] = field(default_factory=list)
-    status: str = "pending"  # pending | received | error | late | none
+    status: SidecarStatus = "pending"
     error: str | None = None
     sidecar_ms: float = 0.0
     no_call: bool = False
 
 
+class CandidateFeed:
+    """One turn's drafts on their way into the proposer's store: those known at the start
+    (past calls, the schemas' keys), then the sidecar's when they arrive, ahead of the others
+    (they win ties). They wait for the engine's id of the request (`on_start`) and, for a
+    thinking model, for the end of its reasoning: then they are offered behind the text
+    written so far (`prefix`). In `tool_choice: auto` the request's `AutoDrafts` gate takes
+    them instead and picks, step by step, which apply to the output so far (thinking included)."""
+
+    def __init__(self, store: DraftStore, thinking: bool, status: SidecarStatus,
+                 auto: AutoDrafts | None = None) -> None:
+        self.store = store
+        self.intake = CandidateIntake(status=status)
+        self.pending: list[str] = []
+        self.request_id: str | None = None
+        self.auto = auto
+        self.prefix: str | None = None if thinking and auto is None else ""
+
+    def on_start(self, request_id: str) -> None:
+        self.request_id = request_id
+        if self.auto is not None:
+            self.store.set_gate(request_id, self.auto)
+        self.offer(self.pending)
+
+    def add_prediction(self, rendered: list[str]) -> None:
+        self.pending[:0] = rendered
+        self.offer(rendered)
+
+    def reasoning_ended(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.offer(self.pending)
+
+    def offer(self, texts: list[str]) -> None:
+        if self.request_id is None or self.prefix is None or not texts:
+            return
+        if self.auto is not None:
+            self.auto.predicted(texts)
+            return
+        if self.prefix:  # the model may or may not leave a blank line after its thoughts
+            texts = [self.prefix + sep + t for t in texts for sep in ("", "\n\n")]
+        self.store.add_candidates(self.request_id, texts)
+
+
 class MainModelService:
-    def __init__(self, config: AppConfig, engine: VllmEngine | None = None) -> None:
+    def __init__(self, config: AppConfig, engine: Engine | None = None) -> None:
         """`engine`: another engine than the main one with the candidate proposer (the
         n-gram baseline, see app/engine/baselines.py)."""
         self.config = config
-        self.engine = engine or VllmEngine(config.main.engine, config.speculation)
+        self.engine: Engine = engine or VllmEngine(config.main.engine, config.speculation)
         history = config.speculation.history
         self.grammar_check: GrammarCheck | None = None  # built by start()
         self.history: InvocationHistory | None = (
@@ -107,7 +158,7 @@ class MainModelService:
 
     def start(self) -> None:
         self.engine.start()
-        config = getattr(self.engine.engine, "model_config", None)
+        config = getattr(getattr(self.engine, "engine", None), "model_config", None)
         vocab = config.get_vocab_size() if config is not None else None
         self.grammar_check = GrammarCheck(tokenizer_info(self.engine.tokenizer, vocab),
                                           self.config.limits.grammar_compile_timeout_s)
@@ -128,8 +179,7 @@ class MainModelService:
             elif grammar is not None:
                 await self.grammar_check.check_ebnf(grammar)
         except GrammarTooSlow:
-            raise ApiError(
-                400,
+            raise TurnError(
                 f"the tool schemas' grammar did not compile within "
                 f"{self.grammar_check.timeout_s:g} s; simplify the schemas (fewer or shorter "
                 "bounded repeats, lengths, enums)",
@@ -160,8 +210,7 @@ class MainModelService:
             prompt = list(raw_prompt)
         limit = self.config.main.engine.max_model_len
         if len(prompt) >= limit:
-            raise ApiError(
-                400,
+            raise TurnError(
                 f"the {'prompt' if raw_prompt is not None else 'messages'} take {len(prompt)} "
                 f"tokens, more than the model's context of {limit} tokens; shorten the "
                 f"{'prompt' if raw_prompt is not None else 'conversation or the tool list'}",
@@ -226,7 +275,7 @@ class MainModelService:
         try:
             kwargs = chat_prompt.template_kwargs(request.chat_template_kwargs, variables)
         except ValueError as exc:
-            raise ApiError(400, str(exc), param="chat_template_kwargs") from None
+            raise TurnError(str(exc), param="chat_template_kwargs") from None
         tokenizer = self.engine.tokenizer
         if native:
             template_tools = None if request.tools is None else [
@@ -260,8 +309,8 @@ class MainModelService:
         try:
             return {"structured_grammar": bounded_whitespace_grammar(schema, max_indent)}
         except GrammarError as exc:
-            raise ApiError(400, f"the engine rejected the request: {exc}",
-                           code="rejected_by_engine") from None
+            raise TurnError(f"the engine rejected the request: {exc}",
+                            code="rejected_by_engine") from None
 
     # ----- candidates -------------------------------------------------------------------
     def render_candidate(self, prepared: PreparedRequest, calls: list[ParsedCall]) -> list[str]:
@@ -362,105 +411,111 @@ class MainModelService:
         prepared: PreparedRequest,
         candidates: Awaitable[Prediction] | None,
         trace_parent: Context | None = None,
-    ) -> AsyncIterator[dict[str, Any]]:
-        """Events: {'type': 'delta', 'text'} per forward pass, then one {'type': 'final'}.
+    ) -> AsyncIterator[TurnEvent]:
+        """A `TurnDelta` per forward pass that wrote something, then one `TurnResult`.
         `trace_parent`: the caller's `main.generate` span, parent of `candidate.validate`."""
         started = time.perf_counter()
-        intake = CandidateIntake(status="none" if candidates is None else "pending")
-        internal: list[str] = []
-        arrived = asyncio.Event()
-        pending_render: list[str] = []
         # Auto mode: the candidates follow the output, text or call (app/engine/auto_drafts.py).
         auto = self.auto_drafts(prepared)
-        # Drafts start after the model's own reasoning: until it ends candidates wait, then
-        # they are offered behind the text written so far (`opened` holds that prefix).
-        thinking = prepared.reasoning is not None and prepared.reasoning.thinking
-        opened: list[str] = [] if thinking and auto is None else [""]
-
-        def offer(request_id: str, texts: list[str]) -> None:
-            if auto is not None:
-                auto.predicted(texts)
-                return
-            if not opened or not texts:
-                return
-            prefix = opened[0]
-            if prefix:  # the model may or may not leave a blank line after its thoughts
-                texts = [prefix + sep + t for t in texts for sep in ("", "\n\n")]
-            self.engine.store.add_candidates(request_id, texts)
-
-        async def receive() -> None:
-            nonlocal intake
-            assert candidates is not None
-            try:
-                prediction = await asyncio.wait_for(
-                    candidates, self.config.speculation.sidecar_timeout_s
-                )
-                with telemetry.span("candidate.validate", trace_parent) as span:
-                    # Schema validation off the replica's event loop (other requests' streams).
-                    intake, rendered = await asyncio.to_thread(
-                        self.intake, prepared, prediction, started)
-                    telemetry.set_attributes(span, telemetry.validation_attributes(
-                        intake.status, intake.reports, len(rendered),
-                        self.config.telemetry.record_content))
-            except TimeoutError:
-                intake = CandidateIntake(status="late")
-                return
-            except Exception as exc:  # a broken sidecar only means plain decoding
-                intake = CandidateIntake(status="error", error=f"{type(exc).__name__}: {exc}")
-                return
-            pending_render[:0] = rendered  # predictions before schema drafts: they win ties
-            arrived.set()
-            if auto is not None and intake.no_call:
-                auto.no_call()
-            if internal and rendered:
-                offer(internal[0], rendered)
-
-        def on_start(request_id: str) -> None:
-            internal.append(request_id)
-            if auto is not None:
-                self.engine.store.set_gate(request_id, auto)
-            if pending_render:
-                offer(request_id, pending_render)
-
+        feed = CandidateFeed(
+            self.engine.store,
+            thinking=prepared.reasoning is not None and prepared.reasoning.thinking,
+            status="none" if candidates is None else "pending",
+            auto=auto,
+        )
         history_reports: list[CandidateReport] = []
         if prepared.speculate and self.uses_history(prepared):
             history_reports, rendered = await asyncio.to_thread(
                 self.history_candidates, prepared, started)
-            pending_render.extend(rendered)
+            feed.pending.extend(rendered)
         if prepared.speculate and self.config.speculation.schema_drafts:
             if auto is not None:
                 auto.schema = self.schema_candidates(prepared)
             else:
-                pending_render.extend(self.schema_candidates(prepared))
-        receiver = asyncio.ensure_future(receive()) if candidates is not None else None
+                feed.pending.extend(self.schema_candidates(prepared))
+        receiver = (asyncio.ensure_future(self.receive(feed, prepared, candidates, started,
+                                                       trace_parent))
+                    if candidates is not None else None)
         tally = GenerationTally(len(prepared.prompt_token_ids), started)
         text_offset = 0  # completions' logprobs count characters from the output's start
         try:
             async for delta in self.engine.stream(
-                prepared.prompt_token_ids, dict(prepared.sampling), prepared.speculate, on_start,
-                realign=prepared.request.ooo_spec.realign, cache_salt=prepared.tenant,
+                prepared.prompt_token_ids, dict(prepared.sampling), prepared.speculate,
+                feed.on_start, realign=prepared.request.ooo_spec.diagnostics.realign,
+                cache_salt=prepared.tenant,
             ):
                 tally.add(delta)
-                if not opened and delta.text:
+                if feed.prefix is None and delta.text:
                     assert prepared.reasoning is not None
                     so_far = "".join(tally.text)
                     end = prepared.reasoning.ended_at(so_far)
                     if end is not None:
-                        opened.append(so_far[:end])
-                        if internal:
-                            offer(internal[0], pending_render)
+                        feed.reasoning_ended(so_far[:end])
                 if delta.text or delta.logprobs:
-                    event: dict[str, Any] = {"type": "delta", "text": delta.text}
-                    if delta.logprobs is not None:
-                        event["logprobs"] = self.shaped_logprobs(prepared, delta.logprobs,
-                                                                 text_offset)
+                    logprobs = (self.shaped_logprobs(prepared, delta.logprobs, text_offset)
+                                if delta.logprobs is not None else None)
                     text_offset += len(delta.text)
-                    yield event
+                    yield TurnDelta(delta.text, logprobs)
         finally:
             if receiver is not None and not receiver.done():
                 receiver.cancel()
-                if intake.status == "pending":
-                    intake = CandidateIntake(status="late")
+                if feed.intake.status == "pending":
+                    feed.intake = CandidateIntake(status="late")
+        yield self.result(prepared, tally, feed.intake, history_reports, started)
+
+    async def complete(
+        self, prepared: PreparedRequest, candidates: Awaitable[Prediction] | None = None
+    ) -> TurnResult:
+        """`run` to its end, for its result alone (offline measurements and tests)."""
+        result: TurnResult | None = None
+        async for event in self.run(prepared, candidates):
+            if isinstance(event, TurnResult):
+                result = event
+        assert result is not None
+        return result
+
+    async def receive(
+        self,
+        feed: CandidateFeed,
+        prepared: PreparedRequest,
+        candidates: Awaitable[Prediction],
+        started: float,
+        trace_parent: Context | None,
+    ) -> None:
+        """The sidecar's prediction, validated and rendered into `feed` when it arrives
+        within `speculation.sidecar_timeout_s`; a late or broken one only means plain decoding."""
+        try:
+            prediction = await asyncio.wait_for(
+                candidates, self.config.speculation.sidecar_timeout_s
+            )
+            with telemetry.span("candidate.validate", trace_parent) as span:
+                # Schema validation off the replica's event loop (other requests' streams).
+                intake, rendered = await asyncio.to_thread(
+                    self.intake, prepared, prediction, started)
+                telemetry.set_attributes(span, telemetry.validation_attributes(
+                    intake.status, intake.reports, len(rendered),
+                    self.config.telemetry.record_content))
+        except TimeoutError:
+            feed.intake = CandidateIntake(status="late")
+            return
+        except Exception as exc:  # a broken sidecar only means plain decoding
+            feed.intake = CandidateIntake(status="error", error=f"{type(exc).__name__}: {exc}")
+            return
+        feed.intake = intake
+        if feed.auto is not None and intake.no_call:
+            feed.auto.no_call()
+        feed.add_prediction(rendered)
+
+    def result(
+        self,
+        prepared: PreparedRequest,
+        tally: GenerationTally,
+        intake: CandidateIntake,
+        history_reports: list[CandidateReport],
+        started: float,
+    ) -> TurnResult:
+        """The turn's output parsed into calls and content, recorded in the history, with
+        its report."""
         result = tally.result()
         drafted = result.speculation.drafted_tokens if result.speculation else 0
         reasoning, answer = (
@@ -469,42 +524,38 @@ class MainModelService:
         )
         parsed = (self.parse(prepared, answer) if answer is not None
                   else ParsedOutput(content=None, calls=[]))
-        if parsed.calls and result.finish_reason != "length" and self.uses_history(prepared):
+        calls = [Invocation(name=c.name, arguments=c.arguments) for c in parsed.calls]
+        if calls and result.finish_reason != "length" and self.uses_history(prepared):
             assert self.history is not None
             self.history.record(
-                request_text(prepared.request.message_dicts()),
-                [PredictedCall(name=c.name, arguments=c.arguments) for c in parsed.calls],
-                tenant=prepared.tenant,
+                request_text(prepared.request.message_dicts()), calls, tenant=prepared.tenant,
             )
-        yield {
-            "type": "final",
-            "text": result.text,
-            "content": parsed.content,
-            "reasoning": reasoning,
-            "calls": [{"name": c.name, "arguments": c.arguments} for c in parsed.calls],
-            "finish_reason": result.finish_reason,
-            "prompt_tokens": result.prompt_tokens,
-            "completion_tokens": len(result.token_ids),
-            "token_ids": result.token_ids,
-            "main": {
-                "steps": result.steps,
-                "completion_tokens": len(result.token_ids),
-                "drafted_tokens": drafted,
-                "accepted_tokens": result.accepted_tokens,
-                "ttft_ms": result.ttft_ms,
-                "decode_ms": result.decode_ms,
-            },
-            "candidates": [r.model_dump() for r in history_reports + intake.reports],
-            "sidecar": {
-                "status": intake.status,
-                "error": intake.error,
-                "elapsed_ms": intake.sidecar_ms,
-                "no_call": intake.no_call,
-            },
-            "main_ms": (time.perf_counter() - started) * 1000,
-            "logprobs": (self.shaped_logprobs(prepared, result.logprobs)
-                         if result.logprobs is not None else None),
-        }
+        return TurnResult(
+            text=result.text,
+            content=parsed.content,
+            reasoning=reasoning,
+            calls=calls,
+            finish_reason=result.finish_reason,
+            prompt_tokens=result.prompt_tokens,
+            completion_tokens=len(result.token_ids),
+            token_ids=result.token_ids,
+            main=MainReport(
+                steps=result.steps,
+                completion_tokens=len(result.token_ids),
+                drafted_tokens=drafted,
+                accepted_tokens=result.accepted_tokens,
+                ttft_ms=result.ttft_ms,
+                decode_ms=result.decode_ms,
+            ),
+            candidates=history_reports + intake.reports,
+            sidecar=SidecarDelivery(
+                status=intake.status, error=intake.error, elapsed_ms=intake.sidecar_ms,
+                no_call=intake.no_call,
+            ),
+            main_ms=(time.perf_counter() - started) * 1000,
+            logprobs=(self.shaped_logprobs(prepared, result.logprobs)
+                      if result.logprobs is not None else None),
+        )
 
     def shaped_logprobs(
         self, prepared: PreparedRequest, tokens: list[TokenLogprobs], offset: int = 0

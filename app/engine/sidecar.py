@@ -22,7 +22,6 @@ import logging
 import time
 from typing import Any
 
-from app.api.openai_models import ChatCompletionRequest
 from app.config import AppConfig
 from app.engine import slot_filling
 from app.engine.tool_format import (
@@ -34,6 +33,7 @@ from app.engine.tool_format import (
     with_system_text,
 )
 from app.engine.vllm_engine import USE_ADAPTER, VllmEngine
+from app.openai_models import ChatCompletionRequest
 from app.spec.prediction import PredictedCall, Prediction
 from app.spec.tool_union import NO_CALL_NAME, invocation_union_schema
 
@@ -67,13 +67,13 @@ class SidecarService:
     async def predict(self, request: ChatCompletionRequest) -> Prediction:
         started = time.perf_counter()
         # This request's engine requests (and the tasks they spawn) with the adapter or not.
-        USE_ADAPTER.set(request.ooo_spec.sidecar_adapter)
+        USE_ADAPTER.set(request.ooo_spec.diagnostics.sidecar_adapter)
         mode = request.effective_tool_choice
         if mode == "none" or not request.tools:
             return Prediction(no_call=True)
         parallel = mode != "named" and request.parallel_tool_calls is True
         if self.config.sidecar.mode == "slots" and mode in ("required", "named") and not parallel:
-            verify = request.ooo_spec.verify_prediction
+            verify = request.ooo_spec.diagnostics.verify_prediction
             try:
                 alternatives = await self.predict_slots(
                     request, mode, self.config.sidecar.verify if verify is None else verify
@@ -94,7 +94,7 @@ class SidecarService:
         the alternatives are its call with the required keys only and with every filled key.
         `verify`: one more pass over the whole call drafted from them instead (see `verify`)."""
         prompt = self.slot_prompt(request)
-        tools = {t.function.name: t.function.parameters for t in request.tools or []}
+        tools = request.tool_schemas()
         names = [request.named_tool] if mode == "named" and request.named_tool else list(tools)
         encode = self.engine.tokenizer.encode
         name = names[0]

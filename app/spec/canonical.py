@@ -81,11 +81,6 @@ def canonical_invocation(invocation: Invocation, schema: Mapping[str, Any] | Non
     return json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def invocations_equal(a: Invocation, b: Invocation, schema: Mapping[str, Any] | None) -> bool:
-    """Canonical equality; `schema` is the parameters schema of the tool both name."""
-    return a.name == b.name and canonical_invocation(a, schema) == canonical_invocation(b, schema)
-
-
 @dataclass(frozen=True)
 class MultisetMatch:
     """Result of matching speculated calls against committed calls, by index into each list."""

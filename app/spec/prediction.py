@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from app.spec.canonical import Invocation
 
-class PredictedCall(BaseModel):
-    name: str
-    arguments: dict[str, Any] = Field(default_factory=dict)
+# A predicted call is an `Invocation`, the one call type from the sidecar to reconciliation;
+# the name stays for the candidate sources that build them.
+PredictedCall = Invocation
 
 
 class Prediction(BaseModel):

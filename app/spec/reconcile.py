@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from app.spec.canonical import Invocation, canonical_invocation
+from app.spec.canonical import Invocation, multiset_match
 
 Outcome = Literal["hit", "partial", "miss", "no_call", "disabled", "sidecar_error", "sidecar_late"]
 
@@ -14,39 +15,28 @@ def classify_outcome(
     speculated: bool,
     sidecar_status: str,
     sidecar_no_call: bool,
-    candidates: list[dict[str, Any]],
-    committed: list[dict[str, Any]],
-    schemas: dict[str, dict[str, Any]],
+    candidates: Sequence[tuple[Invocation, bool]],
+    committed: Sequence[Invocation],
+    schemas: Mapping[str, Mapping[str, Any] | None],
 ) -> Outcome:
-    """`candidates` are the reported candidate calls (with `valid`), `committed` the main
-    model's calls; both `{"name", "arguments"}`. Equality is canonical (defaults filled, key
-    order ignored, 1 == 1.0); parallel calls match as a multiset."""
+    """`candidates` are the reported candidate calls with whether each was valid, `committed`
+    the main model's calls. Equality is canonical (defaults filled, key order ignored,
+    1 == 1.0); parallel calls match as a multiset (`multiset_match`)."""
     if not speculated:
         return "disabled"
     if sidecar_status == "error":
         return "sidecar_error"
     if sidecar_status in ("late", "pending"):
         return "sidecar_late"
-    valid = [c for c in candidates if c.get("valid")]
+    valid = [call for call, ok in candidates if ok]
     if not committed:
         return "no_call" if (sidecar_no_call or not valid) else "miss"
     if not valid:
         return "miss"
-
-    def key(call: dict[str, Any]) -> str:
-        invocation = Invocation(name=call["name"], arguments=call["arguments"])
-        return canonical_invocation(invocation, schemas.get(call["name"]))
-
-    remaining = [key(c) for c in valid]
-    matched = 0
-    for call in committed:
-        k = key(call)
-        if k in remaining:
-            remaining.remove(k)
-            matched += 1
-    if matched == len(committed):
+    match = multiset_match(valid, committed, schemas)
+    if not match.unmatched_committed:
         return "hit"
-    names = {c["name"] for c in valid}
-    if matched or any(call["name"] in names for call in committed):
+    names = {c.name for c in valid}
+    if match.pairs or any(call.name in names for call in committed):
         return "partial"
     return "miss"

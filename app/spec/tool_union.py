@@ -29,7 +29,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from app.spec.canonical import Invocation
 from app.spec.validation import (
     SUBSCHEMA_KEYWORDS,
     SUBSCHEMA_LIST_KEYWORDS,
@@ -117,28 +116,6 @@ def invocation_union_schema(
     if defs:
         schema = {**schema, "$defs": defs}
     return schema
-
-
-def invocations_from_union_output(value: Any) -> list[Invocation]:
-    """The calls in a parsed sidecar output; an empty list means "no call".
-
-    Raises ValueError when `value` does not have one of the union's shapes.
-    """
-    items = value if isinstance(value, list) else [value]
-    if not items:
-        raise ValueError("empty call list (the union requires at least one call)")
-    calls: list[Invocation] = []
-    for item in items:
-        if not isinstance(item, dict) or set(item) != {"name", "arguments"}:
-            raise ValueError(f"not a call object: {item!r:.200}")
-        if not isinstance(item["name"], str) or not isinstance(item["arguments"], dict):
-            raise ValueError(f"call needs a string name and object arguments: {item!r:.200}")
-        if item["name"] == NO_CALL_NAME:
-            if len(items) > 1:
-                raise ValueError("'no call' cannot be mixed with calls")
-            return []
-        calls.append(Invocation(name=item["name"], arguments=item["arguments"]))
-    return calls
 
 
 def grammar_safe_schema(schema: Any) -> Any:

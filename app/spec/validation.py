@@ -29,7 +29,7 @@ from jsonschema.protocols import Validator
 from jsonschema.validators import validator_for
 
 if TYPE_CHECKING:
-    from app.spec.canonical import Invocation
+    pass
 
 # Keywords whose value is one subschema, a list of subschemas, or a map of name -> subschema.
 # Walking only these keeps data (`enum`, `const`, `default`, `examples`) out of schema walks, so
@@ -341,23 +341,6 @@ def tool_parameters(tool: Mapping[str, Any]) -> dict[str, Any]:
     if parameters is None:
         return {"type": "object", "properties": {}}
     return dict(parameters)
-
-
-def parameters_by_name(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """OpenAI tool list -> {function name: parameters schema}."""
-    return {tool["function"]["name"]: tool_parameters(tool) for tool in tools}
-
-
-def validate_invocation(
-    invocation: Invocation, tools_by_name: Mapping[str, Mapping[str, Any]]
-) -> list[str]:
-    """Reasons the invocation is not a valid call of one of `tools_by_name` (name -> parameters
-    schema, see `parameters_by_name`); empty when valid."""
-    schema = tools_by_name.get(invocation.name)
-    if schema is None:
-        known = ", ".join(sorted(tools_by_name)) or "none"
-        return [f"unknown tool {invocation.name!r} (known: {known})"]
-    return validate_arguments(invocation.arguments, schema)
 
 
 def _json_path(path: Any) -> str:

@@ -15,9 +15,8 @@ The rules (docs/tools.md, "Pre-execution"):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from app.spec.canonical import Invocation, canonical_invocation
 from app.tools.registry import ToolResult, ToolSpec
@@ -44,37 +43,6 @@ def invocation_key(invocation: Invocation, tools: Mapping[str, ToolSpec]) -> str
     """Canonical key of a call under its tool's schema (no schema for unknown tools)."""
     tool = tools.get(invocation.name)
     return canonical_invocation(invocation, tool.parameters if tool is not None else None)
-
-
-class ReconciledCall(NamedTuple):
-    """One committed call with the pre-executed result that answers it, if any."""
-
-    invocation: Invocation
-    result: ToolResult | None
-    speculative: bool  # True when `result` came from pre-execution
-
-
-def reconcile_calls(
-    committed: Iterable[Invocation],
-    pre_executed: Mapping[str, ToolResult],
-    tools: Mapping[str, ToolSpec],
-) -> list[ReconciledCall]:
-    """Pair committed calls (in order) with pre-executed results keyed by `invocation_key`.
-
-    Each result answers at most one committed call; calls left without one get
-    `(call, None, False)` and must be executed now.
-    """
-    remaining = dict(pre_executed)
-    out: list[ReconciledCall] = []
-    for call in committed:
-        key = invocation_key(call, tools)
-        result = remaining.get(key) if _reusable(tools.get(call.name)) else None
-        if result is not None and not result.is_error:
-            del remaining[key]
-            out.append(ReconciledCall(call, result, True))
-        else:
-            out.append(ReconciledCall(call, None, False))
-    return out
 
 
 @dataclass
@@ -139,33 +107,3 @@ class PreExecutionLedger:
             return None
         entry.taken = True
         return entry.result
-
-    def reconcile(self, committed: Iterable[Invocation]) -> list[ReconciledCall]:
-        """`take` for each committed call, in order."""
-        out: list[ReconciledCall] = []
-        for call in committed:
-            result = self.take(call)
-            out.append(ReconciledCall(call, result, result is not None))
-        return out
-
-    def results(self) -> dict[str, ToolResult]:
-        """Recorded, untaken, successful results by key: the input `reconcile_calls` takes."""
-        return {
-            key: entry.result
-            for key, entry in self._entries.items()
-            if entry.result is not None and not entry.taken and not entry.result.is_error
-        }
-
-    def started(self) -> list[Invocation]:
-        return [entry.invocation for entry in self._entries.values()]
-
-    def wasted(self) -> list[Invocation]:
-        """Pre-executions no committed call took (so far): mispredictions, failures, late runs."""
-        return [entry.invocation for entry in self._entries.values() if not entry.taken]
-
-
-def select_pre_executions(
-    candidates: Iterable[Invocation], ledger: PreExecutionLedger
-) -> list[Invocation]:
-    """The candidates to start now, each claimed in `ledger` (duplicates and disallowed dropped)."""
-    return [candidate for candidate in candidates if ledger.start(candidate)]

@@ -183,3 +183,24 @@ def delete_side_app(name: str) -> None:
     from ray import serve
 
     serve.delete(name, _blocking=True)
+
+
+# --- what Serve runs (the tests that redeploy or autoscale the session app) --------------------
+
+
+def serve_details(app: str = APP) -> dict[str, Any]:
+    """Serve's own view of the application: status, deployments, replicas."""
+    from ray.serve.context import _get_global_client
+
+    client = _get_global_client()
+    assert client is not None
+    details: dict[str, Any] = client.get_serve_details()["applications"][app]
+    return details
+
+
+def settled(app: str = APP) -> bool:
+    """The app is RUNNING, every deployment HEALTHY, no replica starting or stopping."""
+    details = serve_details(app)
+    return details["status"] == "RUNNING" and all(
+        d["status"] == "HEALTHY" and all(r["state"] == "RUNNING" for r in d["replicas"])
+        for d in details["deployments"].values())

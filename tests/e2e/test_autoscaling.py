@@ -25,7 +25,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.e2e.cluster import APP, ROOT, wait_for
+from tests.e2e.cluster import ROOT, serve_details, settled, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -167,15 +167,6 @@ class Users:
 # --- what Serve runs ---------------------------------------------------------------------------
 
 
-def serve_details() -> dict[str, Any]:
-    from ray.serve.context import _get_global_client
-
-    client = _get_global_client()
-    assert client is not None
-    details: dict[str, Any] = client.get_serve_details()["applications"][APP]
-    return details
-
-
 def replica_states() -> dict[str, list[str]]:
     """Each deployment's replica states (STARTING, RUNNING, STOPPING, ...)."""
     return {name: [r["state"] for r in d["replicas"]]
@@ -184,13 +175,6 @@ def replica_states() -> dict[str, list[str]]:
 
 def running(states: dict[str, list[str]], name: str) -> int:
     return states.get(name, []).count("RUNNING")
-
-
-def settled() -> bool:
-    details = serve_details()
-    return details["status"] == "RUNNING" and all(
-        d["status"] == "HEALTHY" and all(r["state"] == "RUNNING" for r in d["replicas"])
-        for d in details["deployments"].values())
 
 
 @dataclass

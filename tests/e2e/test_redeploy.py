@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.cluster import APP, GOOD, serves_normally, wait_for
+from tests.e2e.cluster import GOOD, serve_details, serves_normally, settled, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -25,28 +25,11 @@ SCALED_MAX_ONGOING = 12
 RESTART_TIMEOUT_S = 600
 
 
-def serve_details() -> dict[str, Any]:
-    from ray.serve.context import _get_global_client
-
-    client = _get_global_client()
-    assert client is not None
-    details: dict[str, Any] = client.get_serve_details()["applications"][APP]
-    return details
-
-
 def running_actors() -> dict[str, set[str]]:
     """Actor ids of each deployment's RUNNING replicas."""
     deployments = serve_details()["deployments"]
     return {name: {r["actor_id"] for r in d["replicas"] if r["state"] == "RUNNING"}
             for name, d in deployments.items()}
-
-
-def settled() -> bool:
-    """The app is RUNNING, every deployment HEALTHY, no replica starting or stopping."""
-    details = serve_details()
-    return details["status"] == "RUNNING" and all(
-        d["status"] == "HEALTHY" and all(r["state"] == "RUNNING" for r in d["replicas"])
-        for d in details["deployments"].values())
 
 
 def entry(config: dict[str, Any], name: str) -> dict[str, Any]:

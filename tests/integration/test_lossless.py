@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from app.api.openai_models import ChatCompletionRequest
 from app.config import AppConfig, EngineConfig, SpeculationConfig
 from app.engine.candidate_proposer import bind_proposer
 from app.engine.draft_policy import DraftPolicy
@@ -29,7 +28,9 @@ from app.engine.tool_format import (
     render_forced_variants,
     render_free,
 )
+from app.engine.turn import TurnResult
 from app.engine.vllm_engine import VllmEngine
+from app.openai_models import CandidateReport, ChatCompletionRequest
 from app.spec.prediction import PredictedCall, Prediction
 
 pytestmark = pytest.mark.integration
@@ -210,16 +211,14 @@ async def test_disabled_request_gets_no_drafts(engine: VllmEngine) -> None:
 
 async def _service_call(
     service: MainModelService, text: str, enabled: bool
-) -> tuple[list[int], list[dict[str, Any]]]:
+) -> tuple[list[int], list[CandidateReport]]:
     request = ChatCompletionRequest.model_validate({
         "messages": [{"role": "user", "content": text}], "tools": TOOLS,
         "tool_choice": "required", "temperature": 0.0, "max_tokens": 96,
         "ooo_spec": {"enabled": enabled},
     })
-    final: dict[str, Any] = {}
-    async for event in service.run(service.prepare(request), None):
-        final = event
-    return final["token_ids"], final["candidates"]
+    final = await service.complete(service.prepare(request))
+    return final.token_ids, final.candidates
 
 
 async def test_history_candidates_are_lossless(engine: VllmEngine) -> None:
@@ -229,12 +228,12 @@ async def test_history_candidates_are_lossless(engine: VllmEngine) -> None:
     service = MainModelService(config, engine=engine)
     first = "What's the weather in Paris?"
     _, offered = await _service_call(service, first, enabled=True)  # recorded
-    assert offered == [] or all(c["source"] != "history" for c in offered)
+    assert offered == [] or all(c.source != "history" for c in offered)
     for text in (first, "What's the weather in Lyon?"):
         plain, _ = await _service_call(service, text, enabled=False)
         tokens, offered = await _service_call(service, text, enabled=True)
         assert tokens == plain, f"{text!r}: output differs from plain decoding"
-        assert any(c["source"] == "history" for c in offered), offered
+        assert any(c.source == "history" for c in offered), offered
 
 
 def _bind(engine: VllmEngine, policy: DraftPolicy) -> None:
@@ -361,25 +360,22 @@ async def test_response_format_is_lossless(
     token-identical to plain decoding, and the output is JSON under the constraint."""
     service = MainModelService(AppConfig(), engine=engine)
 
-    async def generate(enabled: bool) -> dict[str, Any]:
+    async def generate(enabled: bool) -> TurnResult:
         request = ChatCompletionRequest.model_validate({
             "messages": [{"role": "user", "content": "Describe Paris as JSON."}],
             "response_format": response_format, "temperature": 0.0, "max_tokens": 96,
             "ooo_spec": {"enabled": enabled},
         })
-        final: dict[str, Any] = {}
-        async for event in service.run(service.prepare(request), None):
-            final = event
-        return final
+        return await service.complete(service.prepare(request))
 
     plain = await generate(False)
     spec = await generate(True)
-    assert spec["token_ids"] == plain["token_ids"]
-    assert plain["main"]["drafted_tokens"] == 0
+    assert spec.token_ids == plain.token_ids
+    assert plain.main.drafted_tokens == 0
     if response_format["type"] == "json_schema":  # its keys were drafted, and verified
-        assert spec["main"]["drafted_tokens"] > 0
-    if plain["finish_reason"] == "stop":
-        value = json.loads(plain["content"])
+        assert spec.main.drafted_tokens > 0
+    if plain.finish_reason == "stop":
+        value = json.loads(plain.content or "")
         assert isinstance(value, dict)
         if response_format["type"] == "json_schema":
             assert list(value) == ["name", "country", "population"]
@@ -391,7 +387,7 @@ async def test_logprobs_equal_plain_decodings(engine: VllmEngine) -> None:
     config = AppConfig.model_validate({"speculation": {"history": {"enabled": False}}})
     service = MainModelService(config, engine=engine)
 
-    async def generate(enabled: bool, prediction: Prediction | None) -> dict[str, Any]:
+    async def generate(enabled: bool, prediction: Prediction | None) -> TurnResult:
         request = ChatCompletionRequest.model_validate({
             "messages": [{"role": "user", "content": PROMPTS[2]}], "tools": TOOLS,
             "tool_choice": "required", "temperature": 0.0, "max_tokens": 96,
@@ -402,21 +398,18 @@ async def test_logprobs_equal_plain_decodings(engine: VllmEngine) -> None:
             assert prediction is not None
             return prediction
 
-        final: dict[str, Any] = {}
-        async for event in service.run(service.prepare(request),
-                                       ready() if prediction else None):
-            final = event
-        return final
+        return await service.complete(service.prepare(request),
+                                      ready() if prediction else None)
 
     plain = await generate(False, None)
-    right = Prediction(candidates=[[PredictedCall(name=c["name"], arguments=c["arguments"])
-                                    for c in plain["calls"]]])
+    right = Prediction(candidates=[[PredictedCall(name=c.name, arguments=c.arguments)
+                                    for c in plain.calls]])
     spec = await generate(True, right)
-    assert spec["token_ids"] == plain["token_ids"]
-    assert spec["main"]["accepted_tokens"] > len(plain["token_ids"]) // 2, spec["main"]
-    assert len(plain["logprobs"]) == len(plain["token_ids"])
+    assert spec.token_ids == plain.token_ids
+    assert spec.main.accepted_tokens > len(plain.token_ids) // 2, spec.main
+    assert len(plain.logprobs) == len(plain.token_ids)
     worst = 0.0
-    for mine, theirs in zip(spec["logprobs"], plain["logprobs"], strict=True):
+    for mine, theirs in zip(spec.logprobs, plain.logprobs, strict=True):
         assert mine["token"] == theirs["token"]
         assert [t["token"] for t in mine["top_logprobs"]] == [
             t["token"] for t in theirs["top_logprobs"]]
@@ -436,19 +429,16 @@ async def test_raw_prompt_completion_is_lossless(engine: VllmEngine) -> None:
     service = MainModelService(AppConfig(), engine=engine)
     prompt = "one two three four, one two three four, one two three four, one two"
 
-    async def generate(enabled: bool) -> dict[str, Any]:
+    async def generate(enabled: bool) -> TurnResult:
         request = ChatCompletionRequest.model_validate({
             "messages": [{"role": "user", "content": ""}], "temperature": 0.0,
             "max_tokens": 32, "ooo_spec": {"enabled": enabled, "history": False}})
-        final: dict[str, Any] = {}
-        async for event in service.run(service.prepare(request, prompt), None):
-            final = event
-        return final
+        return await service.complete(service.prepare(request, prompt))
 
     plain = await generate(False)
     spec = await generate(True)
-    assert spec["token_ids"] == plain["token_ids"]
-    assert spec["main"]["accepted_tokens"] > 0
+    assert spec.token_ids == plain.token_ids
+    assert spec.main.accepted_tokens > 0
 
 
 # ----- tool_choice: auto -----------------------------------------------------------------
@@ -473,7 +463,7 @@ async def test_auto_mode_is_token_identical(engine: VllmEngine) -> None:
     config = AppConfig.model_validate({"speculation": {"history": {"enabled": False}}})
     service = MainModelService(config, engine=engine)
 
-    async def generate(text: str, prediction: Prediction | None) -> dict[str, Any]:
+    async def generate(text: str, prediction: Prediction | None) -> TurnResult:
         request = ChatCompletionRequest.model_validate({
             "messages": [{"role": "user", "content": text}], "tools": TOOLS,
             "tool_choice": "auto", "temperature": 0.0, "max_tokens": 64,
@@ -484,11 +474,8 @@ async def test_auto_mode_is_token_identical(engine: VllmEngine) -> None:
             assert prediction is not None
             return prediction
 
-        final: dict[str, Any] = {}
-        async for event in service.run(service.prepare(request),
-                                       ready() if prediction is not None else None):
-            final = event
-        return final
+        return await service.complete(service.prepare(request),
+                                      ready() if prediction is not None else None)
 
     def predicted(calls: list[ParsedCall]) -> Prediction:
         return Prediction(source="sidecar", candidates=[[
@@ -498,7 +485,7 @@ async def test_auto_mode_is_token_identical(engine: VllmEngine) -> None:
     drafted_in_calls = accepted_in_calls = 0
     for text in PROMPTS[:6] + CHATS[:6]:
         plain = await generate(text, None)
-        calls = [ParsedCall(c["name"], c["arguments"]) for c in plain["calls"]]
+        calls = [ParsedCall(c.name, c.arguments) for c in plain.calls]
         right = calls or [ParsedCall("get_weather", {"city": "Paris"})]
         scenarios = {
             "right call" if calls else "a call the model does not make": predicted(right),
@@ -508,11 +495,11 @@ async def test_auto_mode_is_token_identical(engine: VllmEngine) -> None:
         }
         for name, prediction in scenarios.items():
             spec = await generate(text, prediction)
-            assert spec["token_ids"] == plain["token_ids"], (
+            assert spec.token_ids == plain.token_ids, (
                 f"{text!r}, {name}: output differs from plain decoding")
             if calls and name == "right call":
-                drafted_in_calls += spec["main"]["drafted_tokens"]
-                accepted_in_calls += spec["main"]["accepted_tokens"]
+                drafted_in_calls += spec.main.drafted_tokens
+                accepted_in_calls += spec.main.accepted_tokens
         kinds["call" if calls else "text"] += 1
     print(f"auto mode: {kinds}, right calls drafted {drafted_in_calls}, accepted "
           f"{accepted_in_calls}")

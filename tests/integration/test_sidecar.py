@@ -9,10 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from app.api.openai_models import ChatCompletionRequest
 from app.config import AppConfig, SidecarConfig
 from app.engine import slot_filling
 from app.engine.sidecar import SidecarService
+from app.openai_models import ChatCompletionRequest
 from app.spec.validation import validate_arguments
 from tests.integration.test_lossless import PROMPTS, TOOLS
 
@@ -70,7 +70,7 @@ def test_predictions_are_calls_of_offered_tools_that_fit_their_schema(
 def test_the_verifying_pass_answers_one_call_of_the_chosen_tool(sidecar: SidecarService) -> None:
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
     checked = request(PROMPTS[2])
-    checked.ooo_spec.verify_prediction = True
+    checked.ooo_spec.diagnostics.verify_prediction = True
     prediction = asyncio.run(sidecar.predict(checked))
     assert prediction.error is None
     [[call]] = prediction.candidates

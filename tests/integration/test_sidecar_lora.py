@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 
-from app.api.openai_models import ChatCompletionRequest
 from app.config import AppConfig, SidecarConfig, SidecarLoraConfig
 from app.distill.collect import collect, load_cases
 from app.distill.pairs import offline_sidecar, render_pairs
@@ -29,6 +28,7 @@ from app.engine.main_model import MainModelService
 from app.engine.sidecar import SidecarService
 from app.engine.tool_format import parse_forced
 from app.engine.vllm_engine import USE_ADAPTER
+from app.openai_models import ChatCompletionRequest
 from app.spec.validation import validate_arguments
 from tests.integration.test_lossless import PROMPTS, TOOLS
 

@@ -10,20 +10,16 @@ from typing import Any
 
 import pytest
 
-from app.api.agent_loop import (
-    PreExecution,
-    SidecarStart,
-    ToolPolicy,
-    combine_outcomes,
-    speculable_calls,
-    sum_main,
-)
+from app.api.agent_loop import SidecarStart, combine_outcomes, sum_main
 from app.api.chat_service import ChatService
-from app.api.openai_models import ChatCompletionRequest
+from app.api.pre_execution import PreExecution, ToolPolicy, speculable_calls
+from app.engine.turn import TurnDelta, TurnEvent, TurnResult
+from app.openai_models import ChatCompletionRequest, MainReport
 from app.spec.canonical import Invocation
 from app.spec.prediction import Prediction
 from app.tools.policy import may_pre_execute
 from app.tools.registry import ToolOutput, ToolRegistry, ToolResult, ToolSpec
+from tests.unit.turns import turn_result
 
 KEY_SCHEMA = {
     "type": "object",
@@ -75,20 +71,8 @@ class FakePool:
             raise
 
 
-def final(calls: list[dict[str, Any]], content: str | None = None) -> dict[str, Any]:
-    return {
-        "type": "final",
-        "content": content,
-        "calls": calls,
-        "finish_reason": "stop",
-        "prompt_tokens": 10,
-        "completion_tokens": 5,
-        "main": {"steps": 3, "completion_tokens": 5, "drafted_tokens": 4, "accepted_tokens": 2,
-                 "ttft_ms": 7.0, "decode_ms": 20.0},
-        "candidates": [],
-        "sidecar": {"status": "received", "elapsed_ms": 5.0, "no_call": False},
-        "main_ms": 30.0,
-    }
+def final(calls: list[dict[str, Any]], content: str | None = None) -> TurnResult:
+    return turn_result(calls, content)
 
 
 class Script:
@@ -97,7 +81,7 @@ class Script:
 
     def __init__(
         self,
-        finals: list[dict[str, Any]],
+        finals: list[TurnResult],
         predictions: list[list[dict[str, Any]]] | None = None,
         decode_s: float = 0.2,
         predict_s: float = 0.01,
@@ -122,10 +106,10 @@ class Script:
 
     async def main_events(
         self, payload: dict[str, Any], token: Any
-    ) -> AsyncIterator[dict[str, Any]]:
+    ) -> AsyncIterator[TurnEvent]:
         turn = len(self.payloads)
         self.payloads.append(payload)
-        yield {"type": "delta", "text": "x"}
+        yield TurnDelta("x")
         await asyncio.sleep(self.decode_s)
         yield self.finals[turn]
 
@@ -358,9 +342,9 @@ def test_combine_outcomes() -> None:
 
 
 def test_sum_main() -> None:
-    a = {"steps": 2, "completion_tokens": 4, "drafted_tokens": 1, "accepted_tokens": 1,
-         "ttft_ms": 5.0, "decode_ms": 10.0}
-    b = {**a, "ttft_ms": 99.0}
+    a = MainReport(steps=2, completion_tokens=4, drafted_tokens=1, accepted_tokens=1,
+                   ttft_ms=5.0, decode_ms=10.0)
+    b = a.model_copy(update={"ttft_ms": 99.0})
     total = sum_main([a, b])
     assert (total.steps, total.completion_tokens, total.ttft_ms, total.decode_ms) == (
         4, 8, 5.0, 20.0)
@@ -409,7 +393,7 @@ def test_server_tools_must_name_offered_tools() -> None:
 async def test_a_lost_tool_call_says_what_happened_without_internals(
     error: Exception, said: str
 ) -> None:
-    from app.api.agent_loop import run_tool
+    from app.api.pre_execution import run_tool
 
     class Failing:
         async def execute(self, name: str, arguments: dict[str, Any],

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from app.api.openai_models import ChatCompletionRequest
 from app.config import AppConfig
 from app.engine.auto_drafts import AutoDrafts, Phase, phase
 from app.engine.main_model import MainModelService, PreparedRequest
 from app.engine.reasoning import Reasoning
 from app.engine.tool_formats import ParsedCall, get_format
+from app.openai_models import ChatCompletionRequest
 from tests.unit.test_candidate_proposer import Batch, decode, encode
 
 HERMES = get_format("hermes")

@@ -12,12 +12,12 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from app.api.agent_loop import ToolPolicy
 from app.api.chat_service import ChatService
 from app.api.errors import ApiError
-from app.api.openai_models import ChatCompletionRequest
+from app.api.pre_execution import ToolPolicy
 from app.config import AppConfig, EngineConfig, load_config
 from app.engine.baselines import baseline_service
+from app.openai_models import ChatCompletionRequest
 from tests.unit.test_agent_loop import FakePool, Script, complete, final, lookup, request
 
 ROOT = Path(__file__).resolve().parents[2]

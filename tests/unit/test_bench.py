@@ -84,11 +84,11 @@ def test_builtin_modes() -> None:
     # The re-alignment and sidecar measurements are BFCL-only.
     assert [m for m in MODES if not MODES[m].applies_to("agent")] == [
         "ooo:no-realign", "sidecar", "sidecar+verify", "sidecar:base"]
-    assert MODES["sidecar"].extra_body["ooo_spec"]["await_prediction"] is True
+    assert MODES["sidecar"].extra_body["ooo_spec"]["diagnostics"]["await_prediction"] is True
     # The sidecar without its LoRA adapter, beside `sidecar` in one run.
-    assert MODES["sidecar:base"].extra_body["ooo_spec"] == {
-        **MODES["sidecar"].extra_body["ooo_spec"], "sidecar_adapter": False}
-    assert MODES["ooo:no-realign"].extra_body["ooo_spec"]["realign"] is False
+    assert MODES["sidecar:base"].extra_body["ooo_spec"]["diagnostics"] == {
+        **MODES["sidecar"].extra_body["ooo_spec"]["diagnostics"], "sidecar_adapter": False}
+    assert MODES["ooo:no-realign"].extra_body["ooo_spec"]["diagnostics"]["realign"] is False
 
 
 def test_register_mode_and_parse() -> None:

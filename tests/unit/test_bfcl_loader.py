@@ -13,7 +13,7 @@ import pytest
 
 from app.spec.canonical import Invocation
 from app.spec.tool_union import invocation_union_schema
-from app.spec.validation import check_schema, parameters_by_name, validate_arguments
+from app.spec.validation import check_schema, validate_arguments
 from load_tests.bfcl import (
     CORE_CATEGORIES,
     BfclCase,
@@ -250,9 +250,3 @@ def test_cache_location(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     monkeypatch.delenv("OOO_SPEC_HOME")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert ooo_spec_home() == tmp_path / "xdg" / "ooo-spec"
-
-
-def test_parameters_by_name_works_on_bfcl_tools(cases: dict[str, list[BfclCase]]) -> None:
-    case = cases["multiple"][0]
-    schemas = parameters_by_name(case.tools)
-    assert set(schemas) == set(case.bfcl_names)

@@ -15,12 +15,13 @@ from typing import Any
 
 import pytest
 
-from app.api.errors import ApiError
-from app.api.openai_models import ChatCompletionRequest
+from app.api.errors import api_error
 from app.config import AppConfig
 from app.engine import chat_prompt
 from app.engine.main_model import MainModelService
 from app.engine.tool_formats import get_format
+from app.engine.turn import TurnError
+from app.openai_models import ChatCompletionRequest
 
 TOOLS_TEMPLATE = """\
 {%- if tools %}<|im_start|>system
@@ -179,9 +180,10 @@ def test_thinking_switch_reaches_the_template(tools_model: Path) -> None:
 def test_reserved_template_kwargs_are_a_400(tools_model: Path) -> None:
     request = ChatCompletionRequest.model_validate(
         {**BODIES[0], "chat_template_kwargs": {"tokenize": True}})
-    with pytest.raises(ApiError) as err:
+    with pytest.raises(TurnError) as err:
         service(tools_model).prompt_ids(request, request.tool_dicts())
-    assert err.value.status == 400 and "tokenize" in str(err.value)
+    assert err.value.param == "chat_template_kwargs" and "tokenize" in err.value.message
+    assert api_error(err.value).status == 400
 
 
 def test_template_that_ignores_tools_gets_the_format_prompt() -> None:

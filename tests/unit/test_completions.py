@@ -11,21 +11,24 @@ import pytest
 from app.api.completions import CompletionRequest, CompletionService, parse_completion_request
 from app.api.errors import ApiError
 from app.config import LimitsConfig
+from app.engine.turn import TurnDelta, TurnError, TurnEvent, TurnResult
+from app.openai_models import MainReport
+from tests.unit.turns import turn_result
 
 
-def final(text: str, prompt_tokens: int = 4) -> dict[str, Any]:
-    return {"type": "final", "text": text, "content": text, "calls": [], "finish_reason": "length",
-            "prompt_tokens": prompt_tokens, "completion_tokens": len(text), "logprobs": None,
-            "main": {"steps": len(text), "completion_tokens": len(text), "drafted_tokens": 0,
-                     "accepted_tokens": 0, "ttft_ms": 1.0, "decode_ms": 2.0}}
+def final(text: str, prompt_tokens: int = 4) -> TurnResult:
+    return turn_result([], text, text=text, finish_reason="length", prompt_tokens=prompt_tokens,
+                       completion_tokens=len(text),
+                       main=MainReport(steps=len(text), completion_tokens=len(text),
+                                       ttft_ms=1.0, decode_ms=2.0))
 
 
 def fake_main(seen: list[tuple[dict[str, Any], Any]]):
-    async def main_events(payload: dict[str, Any], prompt: Any) -> AsyncIterator[dict[str, Any]]:
+    async def main_events(payload: dict[str, Any], prompt: Any) -> AsyncIterator[TurnEvent]:
         seen.append((payload, prompt))
         text = f"<{prompt}|{payload.get('seed')}>"
         for part in (text[:2], text[2:]):
-            yield {"type": "delta", "text": part}
+            yield TurnDelta(part)
         yield final(text)
     return main_events
 
@@ -59,9 +62,9 @@ async def test_stream_chunks_then_usage_then_done() -> None:
 
 
 async def test_an_error_before_any_text_is_raised() -> None:
-    async def failing(payload: dict[str, Any], prompt: Any) -> AsyncIterator[dict[str, Any]]:
-        yield {"type": "error", "status": 400, "message": "too long", "param": "prompt",
-               "code": "context_length_exceeded"}
+    async def failing(payload: dict[str, Any], prompt: Any) -> AsyncIterator[TurnEvent]:
+        raise TurnError("too long", param="prompt", code="context_length_exceeded")
+        yield  # an async generator
 
     stream = CompletionService("m").stream(parse(prompt="x", stream=True), failing, 60)
     with pytest.raises(ApiError) as err:

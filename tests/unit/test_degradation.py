@@ -13,7 +13,9 @@ from app.api.agent_loop import SidecarStart
 from app.api.chat_service import ChatService
 from app.api.errors import ApiError
 from app.api.limits import with_deadline
-from app.api.openai_models import ChatCompletionRequest
+from app.engine.turn import SidecarStatus, TurnDelta, TurnResult
+from app.openai_models import ChatCompletionRequest, MainReport
+from tests.unit.turns import turn_result
 
 TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {
     "type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}}}
@@ -25,20 +27,16 @@ def request() -> ChatCompletionRequest:
         "tools": [TOOL], "tool_choice": "required"})
 
 
-def final(status: str) -> dict[str, Any]:
-    return {
-        "type": "final", "content": "", "finish_reason": "stop",
-        "calls": [{"name": "lookup", "arguments": {"key": "alpha"}}],
-        "prompt_tokens": 10, "completion_tokens": 5,
-        "main": {"steps": 5, "completion_tokens": 5},
-        "candidates": [], "sidecar": {"status": status, "elapsed_ms": 0.0}, "main_ms": 1.0,
-    }
+def final(status: SidecarStatus) -> TurnResult:
+    return turn_result([{"name": "lookup", "arguments": {"key": "alpha"}}], "",
+                       main=MainReport(steps=5, completion_tokens=5), sidecar=status,
+                       sidecar_ms=0.0, main_ms=1.0)
 
 
 class Calls:
     """A sidecar that never answers and a main model that decodes `steps` deltas."""
 
-    def __init__(self, steps: int, step_s: float = 0.0, status: str = "late") -> None:
+    def __init__(self, steps: int, step_s: float = 0.0, status: SidecarStatus = "late") -> None:
         self.steps = steps
         self.step_s = step_s
         self.status = status
@@ -58,7 +56,7 @@ class Calls:
         try:
             for _ in range(self.steps):
                 await asyncio.sleep(self.step_s)
-                yield {"type": "delta", "text": "x"}
+                yield TurnDelta("x")
             yield final(self.status)
         finally:
             self.main_closed = True

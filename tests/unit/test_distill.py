@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from app.api.openai_models import ChatCompletionRequest
 from app.config import AppConfig, SidecarLoraConfig
 from app.distill import collect
 from app.distill.pairs import (
@@ -27,6 +26,7 @@ from app.distill.pairs import (
 from app.distill.report import agreement
 from app.distill.train import IGNORE, TrainSettings, batch_indices, collate
 from app.engine import slot_filling
+from app.openai_models import ChatCompletionRequest
 
 ADD = {"type": "function", "function": {"name": "add", "description": "Add two numbers",
        "parameters": {"type": "object", "properties": {

@@ -70,3 +70,16 @@ def test_wrong_prediction_validates_but_is_wrong() -> None:
     assert call.arguments["city"] != "Paris"
     assert validate_arguments(call.arguments, schema) == []
     assert wrong_prediction([]).no_call
+
+
+async def test_hang_holds_the_call_until_the_fault_is_cleared() -> None:
+    import asyncio
+
+    plan = FaultPlan(True, {"hang"})
+    plan.arm("hang")
+    held = asyncio.ensure_future(plan.hang())
+    await asyncio.sleep(0.15)
+    assert not held.done() and plan.waiting == 1
+    plan.clear()
+    await asyncio.wait_for(held, 2)
+    assert plan.waiting == 0

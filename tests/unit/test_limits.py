@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.api.chat_service import parse_request
 from app.api.errors import ApiError
 from app.api.limits import check_request, json_depth, with_deadline
-from app.api.openai_models import ChatCompletionRequest
+from app.api.request_checks import parse_request
 from app.config import LimitsConfig
+from app.openai_models import ChatCompletionRequest
 
 LIMITS = LimitsConfig(max_json_depth=16, max_messages=3, max_tools=2, max_schema_bytes=300,
                       max_schema_depth=6, max_tokens=100)
@@ -288,3 +288,20 @@ async def test_off_loop_times_out_with_a_400_and_keeps_the_loop_free() -> None:
     assert caught.value.status == 400 and caught.value.code == "request_too_complex"
     assert ticks >= 10  # the loop ran while the work blocked its thread
     assert await off_loop(lambda: 7, 1, "checking") == 7
+
+
+def test_diagnostics_are_grouped_and_the_flat_keys_still_accepted() -> None:
+    from pydantic import ValidationError
+
+    from app.openai_models import OooSpecOptions
+
+    flat = OooSpecOptions.model_validate({"realign": False, "await_prediction": True})
+    nested = OooSpecOptions.model_validate({"diagnostics": {"realign": False,
+                                                            "await_prediction": True}})
+    assert flat == nested and flat.diagnostics.realign is False
+    assert "realign" not in flat.model_dump()  # one place on the wire from here on
+    both = OooSpecOptions.model_validate({"verify_prediction": False,
+                                          "diagnostics": {"verify_prediction": True}})
+    assert both.diagnostics.verify_prediction is True
+    with pytest.raises(ValidationError):
+        OooSpecOptions.model_validate({"diagnostics": {"nope": 1}})

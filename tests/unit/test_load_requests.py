@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from app.api.openai_models import ChatCompletionRequest
+from app.openai_models import ChatCompletionRequest
 from load_tests.load_requests import check_completion, request_body, settings, summary_line
 from tests.unit.test_bench import make_case
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from app.api.chat_service import parse_request
 from app.api.errors import ApiError
+from app.api.request_checks import parse_request
 from app.config import LimitsConfig
 from app.engine.tool_format import placeholder_object, render_json_variants
 

@@ -14,12 +14,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.api.openai_models import ChatCompletionRequest
 from app.config import AppConfig
 from app.engine.auto_drafts import AutoDrafts
 from app.engine.main_model import MainModelService
 from app.engine.reasoning import Reasoning
+from app.engine.turn import TurnResult
 from app.engine.vllm_engine import StepDelta
+from app.openai_models import ChatCompletionRequest
+from app.spec.canonical import Invocation
 from app.spec.prediction import PredictedCall, Prediction
 
 
@@ -117,7 +119,7 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters":
 
 
 async def _run(parser: str | None, deltas: list[str],
-               kwargs: dict[str, Any] | None = None) -> tuple[_Engine, dict[str, Any]]:
+               kwargs: dict[str, Any] | None = None) -> tuple[_Engine, TurnResult]:
     config = AppConfig.model_validate({"main": {"engine": {"reasoning_parser": parser}}})
     engine = _Engine(deltas)
     main = MainModelService(config, engine=engine)  # type: ignore[arg-type]
@@ -134,8 +136,7 @@ async def _run(parser: str | None, deltas: list[str],
         return Prediction(source="sidecar", candidates=[[PredictedCall(
             name="get_weather", arguments={"city": "Paris"})]])
 
-    events = [e async for e in main.run(prepared, prediction())]
-    return engine, events[-1]
+    return engine, await main.complete(prepared, prediction())
 
 
 async def test_drafts_start_after_the_thinking_ends() -> None:
@@ -148,26 +149,26 @@ async def test_drafts_start_after_the_thinking_ends() -> None:
     assert gate.candidates("<think>\nweather <tool") == []
     assert gate.candidates(prefix) == [prefix + CALL]  # the delta that closed the reasoning
     assert gate.candidates(prefix + "\n\n") == [prefix + "\n\n" + CALL]
-    assert final["reasoning"] == "\nweather tool\n"
-    assert final["calls"] == [{"name": "get_weather", "arguments": {"city": "Paris"}}]
-    assert final["content"] is None
+    assert final.reasoning == "\nweather tool\n"
+    assert final.calls == [Invocation(name="get_weather", arguments={"city": "Paris"})]
+    assert final.content is None
 
 
 async def test_without_a_reasoning_parser_drafts_start_at_once() -> None:
     engine, final = await _run(None, [CALL])
     assert engine.store.gate is not None and engine.store.gate.candidates("") == [CALL]
-    assert final["reasoning"] is None
+    assert final.reasoning is None
 
 
 async def test_thinking_switched_off_drafts_start_at_once() -> None:
     engine, final = await _run("qwen3", [CALL], {"enable_thinking": False})
     assert engine.store.gate is not None and engine.store.gate.candidates("") == [CALL]
-    assert final["reasoning"] is None and final["calls"]
+    assert final.reasoning is None and final.calls
 
 
 async def test_a_call_inside_unclosed_thoughts_is_never_parsed() -> None:
     engine, final = await _run("deepseek_r1", ["<think>", "maybe " + CALL])
-    assert final["calls"] == [] and final["content"] is None
-    assert final["reasoning"] == "maybe " + CALL
+    assert final.calls == [] and final.content is None
+    assert final.reasoning == "maybe " + CALL
     assert engine.store.gate is not None
     assert engine.store.gate.candidates("<think>maybe " + CALL) == []

@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from app.api.chat_service import parse_request
 from app.api.errors import ApiError
+from app.api.request_checks import parse_request
 from app.config import AppConfig
 from load_tests.soak import (
     Outcome,

@@ -1,4 +1,4 @@
-"""Speculation privacy on the router side (app.api.agent_loop.PreExecution): a predicted call
+"""Speculation privacy on the router side (app.api.pre_execution.PreExecution): a predicted call
 to a tool that reaches outside services (`egress`) never leaves the router unless egress is
 allowed, and nothing leaves with pre-execution switched off. The pool records every call that
 reaches it, so "not dispatched" is observed, not inferred."""
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from app.api.agent_loop import PreExecution, ToolPolicy
+from app.api.pre_execution import PreExecution, ToolPolicy
 from app.spec.canonical import Invocation
 from app.spec.prediction import Prediction
 from app.tools.registry import ToolResult, ToolSpec

@@ -4,6 +4,7 @@ an in-memory exporter and the agent-loop fakes), span attributes without content
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
 from collections.abc import Iterator
@@ -18,8 +19,9 @@ from opentelemetry.trace import StatusCode
 from app import telemetry
 from app.api.chat_service import ChatService
 from app.api.errors import ApiError
-from app.api.openai_models import OooSpecReport
 from app.config import TelemetryConfig, load_config
+from app.engine.turn import TurnError
+from app.openai_models import OooSpecReport
 from app.spec.prediction import Prediction
 from app.telemetry import (
     PRE_EXECUTIONS,
@@ -263,8 +265,8 @@ async def test_a_used_pre_execution_is_counted_with_its_saved_time(
 async def test_a_failed_request_ends_its_root_as_an_error(spans: InMemorySpanExporter) -> None:
     class Broken(Script):
         async def main_events(self, payload: dict[str, Any], token: Any):  # type: ignore[override]
-            yield {"type": "error", "status": 400, "message": "too long", "param": None,
-                   "code": None}
+            raise TurnError("too long")
+            yield  # an async generator
 
     sink = RecordingSink()
     with pytest.raises(ApiError):
@@ -288,7 +290,7 @@ async def test_spans_hold_no_content_unless_the_config_allows_it(
     text = json.dumps([dict(s.attributes or {}) for s in spans.get_finished_spans()])
     assert SECRET not in text and "lookup" in text  # tool names are not content
 
-    final_event = {**final([lookup(SECRET)]), "text": SECRET}
+    final_event = dataclasses.replace(final([lookup(SECRET)]), text=SECRET)
     assert SECRET not in json.dumps(telemetry.main_attributes(final_event, False))
     assert SECRET in json.dumps(telemetry.main_attributes(final_event, True))
     result = {"content": SECRET, "is_error": False, "latency_ms": 3.0}

@@ -3,21 +3,14 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.spec.canonical import Invocation, canonical_invocation
-from app.tools.policy import (
-    PreExecutionLedger,
-    ReconciledCall,
-    invocation_key,
-    may_pre_execute,
-    reconcile_calls,
-    select_pre_executions,
-)
+from app.tools.policy import PreExecutionLedger, may_pre_execute
 from app.tools.registry import ToolResult, ToolSpec
 
 PARAMETERS: dict[str, Any] = {
@@ -116,70 +109,19 @@ def test_take_needs_canonical_equality_with_defaults_filled() -> None:
     taken = ledger.take(call("lookup", x=0.0, y="q"))
     assert taken is not None and taken.content == canonical_invocation(predicted, PARAMETERS)
     assert ledger.take(call("lookup", x=0, y="q")) is None  # one result answers one call
-    assert ledger.wasted() == []
 
 
-def test_error_results_are_not_reused_and_count_as_wasted() -> None:
+def test_error_results_are_not_reused() -> None:
     ledger = PreExecutionLedger(TOOLS)
     predicted = call("lookup", x=5)
     ledger.start(predicted)
     ledger.record(predicted, result_for(predicted, is_error=True))
     assert ledger.take(predicted) is None
-    assert ledger.results() == {}
-    assert ledger.wasted() == [predicted]
 
 
 def test_record_without_start_is_a_bug() -> None:
     with pytest.raises(KeyError):
         PreExecutionLedger(TOOLS).record(call("lookup"), result_for(call("lookup")))
-
-
-def test_select_pre_executions_and_wasted() -> None:
-    ledger = PreExecutionLedger(TOOLS)
-    candidates = [
-        call("lookup", x=1),
-        call("append", x=1),
-        call("lookup", x=1.0),
-        call("lookup", x=2),
-    ]
-    chosen = select_pre_executions(candidates, ledger)
-    assert chosen == [call("lookup", x=1), call("lookup", x=2)]
-    for invocation in chosen:
-        ledger.record(invocation, result_for(invocation))
-    reconciled = ledger.reconcile([call("lookup", x=2), call("append", x=1)])
-    assert [(r.invocation.name, r.speculative) for r in reconciled] == [
-        ("lookup", True),
-        ("append", False),
-    ]
-    assert ledger.wasted() == [call("lookup", x=1)]
-    assert ledger.started() == chosen
-
-
-# -- reconcile_calls -------------------------------------------------------------------------
-
-
-def test_reconcile_calls_matches_parallel_calls_as_a_multiset() -> None:
-    a, b = call("lookup", x=1), call("lookup", x=2)
-    pre = {invocation_key(a, TOOLS): result_for(a), invocation_key(b, TOOLS): result_for(b)}
-    committed = [b, a, call("lookup", x=1.0), call("lookup", x=3)]
-    out = reconcile_calls(committed, pre, TOOLS)
-    assert out == [
-        ReconciledCall(b, pre[invocation_key(b, TOOLS)], True),
-        ReconciledCall(a, pre[invocation_key(a, TOOLS)], True),
-        ReconciledCall(committed[2], None, False),  # its twin's result was already used
-        ReconciledCall(committed[3], None, False),
-    ]
-    assert len(pre) == 2  # the input is not consumed
-
-
-def test_reconcile_calls_never_hands_a_result_to_an_unsafe_tool() -> None:
-    # Results that should never have existed (a bug upstream) still cannot answer these calls.
-    unsafe = [call("append", x=1), call("lookup_never", x=1), call("unknown", x=1)]
-    pre = {invocation_key(c, TOOLS): result_for(c) for c in unsafe}
-    failed = call("lookup", x=9)
-    pre[invocation_key(failed, TOOLS)] = result_for(failed, is_error=True)
-    out = reconcile_calls([*unsafe, failed], pre, TOOLS)
-    assert all(r.result is None and not r.speculative for r in out)
 
 
 # -- the simulator: pre-execution ‖ main model commit ---------------------------------------
@@ -211,6 +153,14 @@ invocations = st.builds(
     st.one_of(st.none(), st.sampled_from([0, 1, 1.0, 2])),
     st.one_of(st.none(), st.sampled_from(["p", "q"])),
 )
+
+
+class Answer(NamedTuple):
+    """One committed call with the result that answers it."""
+
+    invocation: Invocation
+    result: ToolResult
+    speculative: bool  # True when `result` came from pre-execution
 
 
 def reusable(tool: ToolSpec | None) -> bool:
@@ -268,17 +218,16 @@ def test_simulated_requests_keep_the_safety_properties(
             executions.append(("pre", candidate))
             ledger.record(candidate, result_for(candidate, is_error=fails))
             succeeded[oracle_key(candidate)] += 0 if fails else 1
-    snapshot = ledger.results()
 
     # Phase 2, after the commit: each committed call gets a pre-executed result or runs now.
-    answers: list[ReconciledCall] = []
+    answers: list[Answer] = []
     for commit in committed:
         taken = ledger.take(commit)
         if taken is None:
             executions.append(("post", commit))
-            answers.append(ReconciledCall(commit, result_for(commit), False))
+            answers.append(Answer(commit, result_for(commit), False))
         else:
-            answers.append(ReconciledCall(commit, taken, True))
+            answers.append(Answer(commit, taken, True))
 
     # 1. A tool that is not idempotent, not speculable, or not server-known never runs early,
     #    and runs exactly as often as the main model committed it: no more, no fewer.
@@ -309,14 +258,3 @@ def test_simulated_requests_keep_the_safety_properties(
             assert answer.result.content == k
         else:
             assert not answer.speculative
-    # 4. Wasted = started and never used.
-    used = Counter(oracle_key(a.invocation) for a in answers if a.speculative)
-    assert sorted(oracle_key(c) for c in ledger.wasted()) == sorted(
-        oracle_key(c) for c in early if not used[oracle_key(c)]
-    )
-    # 5. The pure reconcile_calls agrees with the ledger.
-    pure = reconcile_calls(committed, snapshot, tools)
-    assert pure == answers or [(r.invocation, r.speculative) for r in pure] == [
-        (a.invocation, a.speculative) for a in answers
-    ]
-    assert all(r.result == a.result for r, a in zip(pure, answers, strict=True) if r.speculative)

@@ -8,12 +8,10 @@ from typing import Any
 
 import pytest
 
-from app.spec.canonical import Invocation
 from app.spec.tool_union import (
     NO_CALL_NAME,
     grammar_safe_schema,
     invocation_union_schema,
-    invocations_from_union_output,
 )
 from app.spec.validation import check_schema, validate_arguments
 
@@ -199,25 +197,6 @@ def test_grammar_safe_schema_only_relaxes() -> None:
         "not": True,
     }
     assert _accepts(schema, sample) and _accepts(safe, sample)
-
-
-def test_output_parsing() -> None:
-    assert invocations_from_union_output(OSLO) == [
-        Invocation(name="get_weather", arguments={"city": "Oslo"})
-    ]
-    assert invocations_from_union_output([OSLO, ROUTE_CALL])[1].name == "plan_route"
-    assert invocations_from_union_output(NO_CALL) == []
-    assert invocations_from_union_output([NO_CALL]) == []
-    for bad in (
-        [],
-        "x",
-        {"name": "f"},
-        {"name": 1, "arguments": {}},
-        [OSLO, NO_CALL],
-        {"name": "f", "arguments": []},
-    ):
-        with pytest.raises(ValueError):
-            invocations_from_union_output(bad)
 
 
 def _union_variants() -> list[dict[str, Any]]:

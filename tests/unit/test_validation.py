@@ -6,17 +6,14 @@ from typing import Any
 
 import pytest
 
-from app.spec.canonical import Invocation
 from app.spec.validation import (
     check_schema,
     compiled_validator,
     is_valid_against,
     iter_subschemas,
-    parameters_by_name,
     resolve_local_ref,
     tool_parameters,
     validate_arguments,
-    validate_invocation,
 )
 
 WEATHER: dict[str, Any] = {
@@ -202,27 +199,6 @@ def test_is_valid_against_resolves_refs_in_the_root() -> None:
     branch = {"$ref": "#/$defs/Point"}
     assert is_valid_against({"x": 1, "y": 2}, branch, WITH_REFS)
     assert not is_valid_against({"x": 1}, branch, WITH_REFS)
-
-
-def test_validate_invocation() -> None:
-    tools = [
-        {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
-        {"type": "function", "function": {"name": "ping"}},
-    ]
-    by_name = parameters_by_name(tools)
-    assert (
-        validate_invocation(
-            Invocation(name="get_weather", arguments={"location": {"city": "Oslo"}}), by_name
-        )
-        == []
-    )
-    assert validate_invocation(Invocation(name="ping", arguments={}), by_name) == []
-    assert validate_invocation(Invocation(name="get_weather", arguments={}), by_name) == [
-        "$: 'location' is a required property"
-    ]
-    assert validate_invocation(Invocation(name="nope", arguments={}), by_name) == [
-        "unknown tool 'nope' (known: get_weather, ping)"
-    ]
 
 
 def test_tool_without_parameters_takes_an_empty_object() -> None:

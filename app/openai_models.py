@@ -11,7 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from app.api.output_format import ResponseFormat
+from app.output_format import ResponseFormat
+from app.spec.reconcile import Outcome
 
 SEED_MIN = -(2**63)
 SEED_MAX = 2**63 - 1
@@ -78,6 +79,23 @@ class StreamOptions(_Wire):
     include_usage: bool = False
 
 
+class Diagnostics(_Wire):
+    """Switches the benchmark (load_tests/bench.py) uses to isolate one effect; they measure the
+    server and change nothing a client needs (docs/wire-contract.md, "Diagnostics")."""
+
+    # `false`: draft a candidate only while the output is a prefix of it (what re-alignment
+    # after a divergence is worth).
+    realign: bool = True
+    # Wait for the sidecar's prediction even when it came too late to draft from, and report it
+    # as `ooo_spec.predictions` (its agreement with the committed call), at the cost of latency.
+    await_prediction: bool = False
+    # Overrides the server's `sidecar.verify` for this request (benchmarks compare both).
+    verify_prediction: bool | None = None
+    # `false`: the sidecar predicts with its base model, without its LoRA adapter
+    # (`sidecar.lora`; benchmarks compare both on one server). No effect without an adapter.
+    sidecar_adapter: bool = True
+
+
 class OooSpecOptions(_Wire):
     enabled: bool = True
     # `false`: draft from the tool schemas and prompt lookup only, without asking the sidecar
@@ -92,17 +110,8 @@ class OooSpecOptions(_Wire):
     # Decode on a comparison engine (vLLM's own n-gram speculation) instead of the main model;
     # no sidecar runs. A 400 when that engine is not deployed.
     baseline: Literal["ngram"] | None = None
-    # Benchmarks only: `realign: false` drafts a candidate only while the output is a prefix of
-    # it (what re-alignment after a divergence is worth); `await_prediction: true` waits for
-    # the sidecar's prediction even when it came too late to draft from, and reports it as
-    # `ooo_spec.prediction` (its agreement with the committed call), at the cost of latency.
-    realign: bool = True
-    await_prediction: bool = False
-    # Overrides the server's `sidecar.verify` for this request (benchmarks compare both).
-    verify_prediction: bool | None = None
-    # `false`: the sidecar predicts with its base model, without its LoRA adapter
-    # (`sidecar.lora`; benchmarks compare both on one server). No effect without an adapter.
-    sidecar_adapter: bool = True
+    # Benchmark-only switches, apart from the options a client sets.
+    diagnostics: Diagnostics = Field(default_factory=Diagnostics)
     # Past committed calls as candidates, and this request's call kept for later ones. Off for
     # benchmarks that send the same question in several modes (it would answer itself).
     history: bool = True
@@ -111,6 +120,24 @@ class OooSpecOptions(_Wire):
     # tool the server registers. Default none: a client's own tool that happens to share a
     # server tool's name is never run by the server.
     server_tools: bool | list[str] = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_diagnostics(cls, data: Any) -> Any:
+        """The diagnostics used to sit beside the client's options (`ooo_spec.realign`): still
+        accepted there, and moved under `diagnostics` (which wins when both are given)."""
+        if not isinstance(data, dict) or not any(k in data for k in Diagnostics.model_fields):
+            return data
+        data = dict(data)
+        nested = data.get("diagnostics")
+        merged = dict(nested) if isinstance(nested, dict) else {}
+        for key in Diagnostics.model_fields:
+            if key in data:
+                merged.setdefault(key, data.pop(key))
+        if isinstance(nested, Diagnostics):
+            merged.update(nested.model_dump(exclude_unset=True))
+        data["diagnostics"] = merged
+        return data
 
 
 class ChatCompletionRequest(_Wire):
@@ -205,6 +232,11 @@ class ChatCompletionRequest(_Wire):
             return self.tool_choice.function.name
         return None
 
+    def tool_schemas(self, names: frozenset[str] | None = None) -> dict[str, dict[str, Any]]:
+        """Each offered tool's `parameters` schema by name (only `names`, when given)."""
+        return {t.function.name: t.function.parameters for t in self.tools or []
+                if names is None or t.function.name in names}
+
     def tool_dicts(self) -> list[dict[str, Any]]:
         return [t.model_dump(exclude_none=True) for t in self.tools or []]
 
@@ -213,9 +245,7 @@ class ChatCompletionRequest(_Wire):
 
 
 # ----- the ooo_spec report ------------------------------------------------------------------
-Outcome = Literal[
-    "hit", "partial", "miss", "no_call", "disabled", "sidecar_error", "sidecar_late"
-]
+# `Outcome` (hit, partial, miss, ...): app/spec/reconcile.py, which decides it.
 
 
 class CandidateReport(BaseModel):

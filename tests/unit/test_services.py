@@ -1,0 +1,150 @@
+"""MainModelService and SidecarService against a fake engine (tests/unit/fake_engine.py):
+the turn contract (TurnDelta/TurnResult/TurnError) and the sidecar's prediction, in seconds."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from app.config import AppConfig
+from app.engine.main_model import MainModelService
+from app.engine.sidecar import SidecarService
+from app.engine.turn import TurnDelta, TurnError, TurnResult
+from app.openai_models import ChatCompletionRequest
+from app.spec.canonical import Invocation
+from app.spec.prediction import PredictedCall, Prediction
+from tests.unit.fake_engine import FakeEngine
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+PARIS = [PredictedCall(name="get_weather", arguments={"city": "Paris"})]
+
+
+def chat(**extra: Any) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate({
+        "messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [WEATHER],
+        "ooo_spec": {"history": False}, **extra})
+
+
+def main_service(engine: FakeEngine, **config: Any) -> MainModelService:
+    return MainModelService(AppConfig.model_validate(config), engine=engine)  # type: ignore[arg-type]
+
+
+async def drafts_arrived(engine: FakeEngine) -> None:
+    """The forced modes' drafts reached the store, or (`tool_choice: auto`) the request's gate
+    has candidates for an output that has not started yet."""
+    async def wait() -> None:
+        while not engine.store.added and not any(
+                gate.candidates("") for _, gate in engine.store.gates):
+            await asyncio.sleep(0.01)
+    await asyncio.wait_for(wait(), 10)
+
+
+async def run(service: MainModelService, request: ChatCompletionRequest,
+              prediction: Any = None) -> tuple[list[TurnDelta], TurnResult]:
+    # A raw prompt: the fake engine has no tokenizer to render the chat template with.
+    prepared = service.prepare(request, raw_prompt=[1, 2, 3])
+    prepared.raw_prompt = False  # parsed and reported as a chat turn
+    events = [e async for e in service.run(prepared, prediction)]
+    *deltas, result = events
+    assert all(isinstance(d, TurnDelta) for d in deltas) and isinstance(result, TurnResult)
+    return deltas, result  # type: ignore[return-value]
+
+
+async def test_a_turn_yields_deltas_then_a_typed_result_with_the_sidecar_report() -> None:
+    engine = FakeEngine([CALL[:30], CALL[30:]], gate=drafts_arrived)
+    service = main_service(engine, speculation={"schema_drafts": False})
+
+    async def prediction() -> Prediction:
+        return Prediction(candidates=[PARIS], elapsed_ms=12.0)
+
+    deltas, result = await run(service, chat(), prediction())
+    assert [d.text for d in deltas] == [CALL[:30], CALL[30:]]
+    assert result.calls == [Invocation(name="get_weather", arguments={"city": "Paris"})]
+    assert result.content is None and result.text == CALL
+    assert (result.prompt_tokens, result.completion_tokens, result.token_ids) == (3, 2, [100, 101])
+    assert (result.main.steps, result.main.completion_tokens) == (2, 2)
+    assert result.finish_reason == "stop"
+    assert result.sidecar.status == "received" and result.sidecar.elapsed_ms == 12.0
+    [report] = result.candidates
+    assert (report.source, report.name, report.valid) == ("sidecar", "get_weather", True)
+    # `tool_choice: auto`: the validated candidate reached the request's gate (registered under
+    # the engine's id of the request), which drafts it from the first token.
+    [(request_id, gate)] = engine.store.gates
+    assert request_id == "req-0" and any(CALL in t for t in gate.candidates(""))
+
+
+def test_an_invalid_candidate_is_reported_and_never_drafted() -> None:
+    service = main_service(FakeEngine([]))
+    prepared = service.prepare(chat(), raw_prompt=[1, 2, 3])
+    wrong = Prediction(candidates=[[PredictedCall(name="get_weather", arguments={})], PARIS])
+    intake, rendered = service.intake(prepared, wrong, 0.0)
+    assert [r.valid for r in intake.reports] == [False, True]
+    assert rendered and all('"city": "Paris"' in t for t in rendered)
+
+
+async def test_a_sidecar_that_never_answers_is_late_and_one_that_fails_is_an_error() -> None:
+    never: asyncio.Future[Prediction] = asyncio.get_running_loop().create_future()
+    _, late = await run(main_service(FakeEngine([CALL])), chat(), never)
+    assert late.sidecar.status == "late" and late.calls and late.candidates == []
+
+    async def broken() -> Prediction:
+        raise RuntimeError("sidecar down")
+
+    async def settle(engine: FakeEngine) -> None:
+        for _ in range(50):  # the failure lands a few loop turns after the start
+            await asyncio.sleep(0)
+
+    _, failed = await run(main_service(FakeEngine([CALL], gate=settle)), chat(), broken())
+    assert failed.sidecar.status == "error" and "sidecar down" in (failed.sidecar.error or "")
+    assert failed.calls  # plain decoding went on
+
+
+async def test_without_a_sidecar_the_status_is_none() -> None:
+    _, result = await run(main_service(FakeEngine(["Hello", " there"])), chat())
+    assert result.sidecar.status == "none" and result.calls == []
+    assert result.content == "Hello there"
+
+
+def test_a_prompt_longer_than_the_context_is_a_turn_error() -> None:
+    service = main_service(FakeEngine([]))
+    limit = service.config.main.engine.max_model_len
+    with pytest.raises(TurnError) as err:
+        service.prepare(chat(), raw_prompt=[1] * limit)
+    assert err.value.code == "context_length_exceeded" and err.value.param == "prompt"
+
+
+def test_a_turn_error_survives_pickling() -> None:
+    import pickle
+
+    err = pickle.loads(pickle.dumps(TurnError("too long", param="messages", code="c")))
+    assert (err.message, err.param, err.code) == ("too long", "messages", "c")
+
+
+# ----- the sidecar ---------------------------------------------------------------------------
+def sidecar(text: str, fail: Exception | None = None) -> SidecarService:
+    service = SidecarService(AppConfig.model_validate({"sidecar": {"mode": "whole"}}))
+    service.engine = FakeEngine([text], fail=fail)  # type: ignore[assignment]
+    return service
+
+
+async def test_the_sidecar_parses_its_engines_output_into_a_prediction() -> None:
+    out = await sidecar('{"name": "get_weather", "arguments": {"city": "Paris"}}').predict(chat())
+    assert out.candidates == [PARIS] and not out.no_call and out.error is None
+
+
+async def test_the_sidecar_reports_no_call_cut_short_and_failure() -> None:
+    none = await sidecar('{"name": "__none__", "arguments": {}}').predict(chat())
+    assert none.no_call and none.candidates == []
+    cut = await sidecar('{"name": "get_wea').predict(chat())
+    assert cut.candidates == [] and not cut.no_call and cut.error is None
+    failed = await sidecar("", fail=RuntimeError("engine died")).predict(chat())
+    assert failed.error is not None and "engine died" in failed.error
+
+
+async def test_the_sidecar_has_nothing_to_say_without_tools() -> None:
+    out = await sidecar("unused").predict(chat(tool_choice="none"))
+    assert out.no_call and out.candidates == []
