@@ -260,6 +260,15 @@ class VllmEngine:
     def stop(self) -> None:
         self._stopped.set()
         self._commands.put(("wake", None))
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=30)
+        if self.engine is not None and (thread is None or not thread.is_alive()):
+            # Tear the engine down now: left to the garbage collector, vLLM's teardown
+            # (cleanup_dist_env_and_memory) would reset the process-wide parallel groups under
+            # whichever engine was started in this process after this one.
+            engine, self.engine = self.engine, None
+            engine.engine_core.shutdown()
 
     @property
     def healthy(self) -> bool:

@@ -110,10 +110,8 @@ async def _main_tokens(main: MainModelService, sidecar: SidecarService | None, t
                        ) -> list[int]:
     chat = request(text, enabled=sidecar is not None)
     prediction = sidecar.predict(chat) if sidecar is not None else None
-    final: dict[str, Any] = {}
-    async for event in main.run(main.prepare(chat), prediction):
-        final = event
-    return list(final["token_ids"])
+    final = await main.complete(main.prepare(chat), prediction)
+    return list(final.token_ids)
 
 
 @pytest.mark.parametrize("text", [PROMPTS[0], PROMPTS[4]])
