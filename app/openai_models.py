@@ -284,7 +284,8 @@ class TimingsReport(BaseModel):
 
 
 class PredictionReport(BaseModel):
-    """The sidecar's first candidate as it arrived (only with `diagnostics.await_prediction: true`)."""
+    """The sidecar's first candidate as it arrived (only with
+    `diagnostics.await_prediction: true`)."""
 
     ready_ms: float  # from the fan-out to its arrival at the router
     elapsed_ms: float = 0.0  # inside the sidecar
