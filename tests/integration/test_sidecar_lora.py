@@ -29,6 +29,7 @@ from app.engine.sidecar import SidecarService
 from app.engine.tool_format import parse_forced
 from app.engine.vllm_engine import USE_ADAPTER
 from app.openai_models import ChatCompletionRequest
+from app.spec.prediction import Prediction
 from app.spec.validation import validate_arguments
 from tests.integration.test_lossless import PROMPTS, TOOLS
 
@@ -109,8 +110,18 @@ def test_adapted_predictions_are_calls_that_fit_their_schema(sidecar: SidecarSer
 async def _main_tokens(main: MainModelService, sidecar: SidecarService | None, text: str
                        ) -> list[int]:
     chat = request(text, enabled=sidecar is not None)
-    prediction = sidecar.predict(chat) if sidecar is not None else None
-    final = await main.complete(main.prepare(chat), prediction)
+    if sidecar is None:
+        return list((await main.complete(main.prepare(chat))).token_ids)
+    # The sidecar's prediction is finished before the main model starts: two vLLM engines in
+    # one process must not step at the same time (vLLM's forward context and parallel groups
+    # are process-global; the deployments run them in separate replicas).
+    prediction = await sidecar.predict(chat)
+    assert prediction.error is None and prediction.candidates
+
+    async def ready() -> Prediction:
+        return prediction
+
+    final = await main.complete(main.prepare(chat), ready())
     return list(final.token_ids)
 
 
