@@ -80,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
     settings = TrainSettings(steps=args.steps, batch_size=args.batch_size,
                              learning_rate=args.learning_rate, rank=args.rank,
                              alpha=2 * args.rank, seed=args.seed,
-                             checkpoint_every=args.checkpoint_every)
+                             checkpoint_every=args.checkpoint_every,
+                             layers=args.layers or None)
     report = run_training(resolve_model_path(config.sidecar.engine.model), train_pairs,
                           held_out, out, settings, progress=not args.no_progress)
     print(format_report(report))
@@ -114,6 +115,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--learning-rate", type=float, default=5e-4)
     parser.add_argument("--rank", type=int, default=16, choices=(8, 16, 32, 64))
+    parser.add_argument("--layers", type=int, default=8,
+                        help="top decoder layers that carry the adapter (default 8; 0: all). "
+                        "The layers below are run once per pair, not at every step")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--checkpoint-every", type=int, default=50)
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")

@@ -1,6 +1,13 @@
 """A LoRA adapter on the sidecar model, trained on the pairs (PEFT, plain PyTorch loop).
 
 Loss on the target tokens only (the prompt is what the sidecar is given, not what it writes).
+The adapter sits on the top `layers` decoder layers (PEFT's `layers_to_transform`; vLLM serves
+whatever layers an adapter has). The layers below are frozen and carry no adapter, so what they
+make of a pair never changes: `trunk_states` runs them once per pair, and every training step
+and agreement check runs only the top layers on those states (`_stack` runs a slice of the
+model's own layers with its own forward). That is exact, not an approximation, and it is what
+makes CPU training take minutes: a pair is a prompt of hundreds of tokens and a target of a
+few, and the full model's forward and backward over the prompt at every step cost ~10x more.
 Deterministic for a seed: the batch order of step `s` is a function of (seed, s) alone
 (`batch_indices`), the adapter's initial weights come from the seeded generator, there is no
 dropout and the learning rate is constant, so a run resumed from a checkpoint takes the same
@@ -16,7 +23,8 @@ import json
 import random
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +33,6 @@ from app.distill.pairs import Pair
 
 # Every linear layer of a Llama block: vLLM's LoRA serves all of them.
 TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-IGNORE = -100  # label of a position without loss (the prompt, padding)
 CHECKPOINT = "checkpoint"
 ADAPTER = "adapter"
 
@@ -39,6 +46,16 @@ class TrainSettings:
     alpha: int = 32
     seed: int = 0
     checkpoint_every: int = 50
+    layers: int | None = 8  # top decoder layers that carry the adapter; None: all of them
+
+
+def adapted_layers(total: int, layers: int | None) -> range:
+    """Indices of the decoder layers that carry the adapter: the top `layers` of `total`."""
+    if layers is None or layers >= total:
+        return range(total)
+    if layers < 1:
+        raise ValueError(f"layers: at least 1, got {layers}")
+    return range(total - layers, total)
 
 
 def batch_indices(n: int, batch_size: int, step: int, seed: int) -> list[int]:
@@ -52,53 +69,115 @@ def batch_indices(n: int, batch_size: int, step: int, seed: int) -> list[int]:
 
 
 def collate(pairs: Sequence[Pair], pad_id: int) -> dict[str, Any]:
-    """Right-padded input ids, attention mask and labels (the target tokens only)."""
+    """Right-padded input ids (prompt + target) and their attention mask."""
     import torch
 
     size = max(len(p.prompt_ids) + len(p.target_ids) for p in pairs)
-    ids, mask, labels = [], [], []
+    ids, mask = [], []
     for p in pairs:
         row = p.prompt_ids + p.target_ids
         pad = size - len(row)
         ids.append(row + [pad_id] * pad)
         mask.append([1] * len(row) + [0] * pad)
-        labels.append([IGNORE] * len(p.prompt_ids) + p.target_ids + [IGNORE] * pad)
-    return {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask),
-            "labels": torch.tensor(labels)}
+    return {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask)}
 
 
 def load_model(model_path: str, settings: TrainSettings) -> Any:
-    """The sidecar model in float32 with a fresh, seeded LoRA adapter."""
+    """The sidecar model in float32 with a fresh, seeded LoRA adapter on its top layers."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(settings.seed)
     base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    layers = adapted_layers(base.config.num_hidden_layers, settings.layers)
     config = LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=0.0,
-                        target_modules=list(TARGET_MODULES), task_type="CAUSAL_LM")
+                        target_modules=list(TARGET_MODULES), task_type="CAUSAL_LM",
+                        layers_to_transform=list(layers), layers_pattern="layers")
     return get_peft_model(base, config)
 
 
-def greedy_agrees(model: Any, pairs: Sequence[Pair], pad_id: int, batch_size: int = 8
-                  ) -> list[bool]:
+def _first_adapted(model: Any) -> int:
+    """The first layer with the adapter: where the frozen trunk ends."""
+    layers = model.peft_config["default"].layers_to_transform
+    return min(layers) if layers else 0
+
+
+@contextmanager
+def _stack(model: Any, start: int, top: bool) -> Iterator[Any]:
+    """The model's decoder (HF `model.model`: Llama, Qwen, Mistral...) with only its layers
+    from `start` on (`top`, then its final norm) or only those below `start` (no final norm:
+    what they hand to layer `start`), for the length of the block."""
+    import torch
+
+    decoder = model.get_base_model().model
+    layers, norm = decoder.layers, decoder.norm
+    decoder.layers = torch.nn.ModuleList(list(layers)[start:] if top else list(layers)[:start])
+    if not top:
+        decoder.norm = torch.nn.Identity()
+    try:
+        yield decoder
+    finally:
+        decoder.layers, decoder.norm = layers, norm
+
+
+def trunk_states(model: Any, pairs: Sequence[Pair], pad_id: int, batch_size: int = 8
+                 ) -> list[Any]:
+    """Per pair, the hidden states (one row per token of prompt + target) that the frozen
+    layers below the adapter hand to the first adapted layer."""
+    import torch
+
+    start = _first_adapted(model)
+    states: list[Any] = []
+    with torch.no_grad(), _stack(model, start, top=False) as decoder:
+        for first in range(0, len(pairs), batch_size):
+            chunk = pairs[first:first + batch_size]
+            batch = collate(chunk, pad_id)
+            hidden = decoder(input_ids=batch["input_ids"],
+                             attention_mask=batch["attention_mask"]).last_hidden_state
+            states.extend(hidden[i, :len(p.prompt_ids) + len(p.target_ids)].clone()
+                          for i, p in enumerate(chunk))
+    return states
+
+
+def target_logits(model: Any, pairs: Sequence[Pair], states: Sequence[Any]) -> tuple[Any, Any]:
+    """The top layers on the pairs' trunk states: the logits at every position that predicts a
+    target token (position i - 1 predicts token i), and those target tokens."""
+    import torch
+
+    size = max(len(s) for s in states)
+    padded = torch.zeros(len(states), size, states[0].shape[-1])
+    mask = torch.zeros(len(states), size, dtype=torch.long)
+    rows: list[int] = []
+    positions: list[int] = []
+    targets: list[int] = []
+    for i, (p, s) in enumerate(zip(pairs, states, strict=True)):
+        padded[i, :len(s)] = s
+        mask[i, :len(s)] = 1
+        rows.extend([i] * len(p.target_ids))
+        positions.extend(range(len(p.prompt_ids) - 1, len(p.prompt_ids) + len(p.target_ids) - 1))
+        targets.extend(p.target_ids)
+    with _stack(model, _first_adapted(model), top=True) as decoder:
+        hidden = decoder(inputs_embeds=padded, attention_mask=mask).last_hidden_state
+    logits = model.get_base_model().lm_head(hidden[torch.tensor(rows), torch.tensor(positions)])
+    return logits, torch.tensor(targets)
+
+
+def greedy_agrees(model: Any, pairs: Sequence[Pair], states: Sequence[Any],
+                  batch_size: int = 8) -> list[bool]:
     """Per pair: the model's argmax at every target position is the target token."""
     import torch
 
     out: list[bool] = []
     model.eval()
     with torch.no_grad():
-        for start in range(0, len(pairs), batch_size):
-            chunk = pairs[start:start + batch_size]
-            batch = collate(chunk, pad_id)
-            logits = model(input_ids=batch["input_ids"],
-                           attention_mask=batch["attention_mask"]).logits
-            # The token at position i is predicted by the logits at i - 1.
-            predicted = logits[:, :-1].argmax(-1)
-            labels = batch["labels"][:, 1:]
-            scored = labels != IGNORE
-            right = (predicted == labels) | ~scored
-            out.extend(bool(r) for r in right.all(-1))
+        for first in range(0, len(pairs), batch_size):
+            chunk = pairs[first:first + batch_size]
+            logits, targets = target_logits(model, chunk, states[first:first + batch_size])
+            right = (logits.argmax(-1) == targets).tolist()
+            for p in chunk:
+                out.append(all(right[:len(p.target_ids)]))
+                right = right[len(p.target_ids):]
     return out
 
 
@@ -129,14 +208,15 @@ def _load_checkpoint(model: Any, optimizer: Any, folder: Path) -> tuple[int, flo
 def train(
     model: Any,
     pairs: Sequence[Pair],
-    pad_id: int,
+    states: Sequence[Any],
     out: Path,
     settings: TrainSettings,
     progress: bool = True,
     on_step: Callable[[int, float], None] | None = None,
 ) -> float | None:
-    """Train `model` (a PEFT model) in place for `settings.steps` steps, resuming from
-    `out/checkpoint` when it is there; saves the adapter to `out/adapter`. The last loss."""
+    """Train `model` (a PEFT model from `load_model`) in place for `settings.steps` steps on
+    the pairs and their `trunk_states`, resuming from `out/checkpoint` when it is there; saves
+    the adapter to `out/adapter`. The last loss."""
     import torch
     from tqdm import tqdm
 
@@ -154,9 +234,10 @@ def train(
     bar = tqdm(total=settings.steps, initial=step, desc="training", unit="step",
                disable=not progress)
     while step < settings.steps:
-        chunk = [pairs[i] for i in batch_indices(len(pairs), settings.batch_size, step,
-                                                 settings.seed)]
-        loss = model(**collate(chunk, pad_id)).loss
+        chosen = batch_indices(len(pairs), settings.batch_size, step, settings.seed)
+        logits, targets = target_logits(model, [pairs[i] for i in chosen],
+                                        [states[i] for i in chosen])
+        loss = torch.nn.functional.cross_entropy(logits, targets)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
@@ -186,12 +267,14 @@ def run_training(
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     model = load_model(model_path, settings)
+    held_out_states = trunk_states(model, held_out, pad_id)
     with model.disable_adapter():
-        before = agreement(held_out, greedy_agrees(model, held_out, pad_id))
+        before = agreement(held_out, greedy_agrees(model, held_out, held_out_states))
     started = time.perf_counter()
-    loss = train(model, train_pairs, pad_id, out, settings, progress)
+    train_states = trunk_states(model, train_pairs, pad_id)
+    loss = train(model, train_pairs, train_states, out, settings, progress)
     seconds = time.perf_counter() - started
-    after = agreement(held_out, greedy_agrees(model, held_out, pad_id))
+    after = agreement(held_out, greedy_agrees(model, held_out, held_out_states))
     report = TrainingReport(seed=settings.seed, steps=settings.steps,
                             train_pairs=len(train_pairs), held_out_pairs=len(held_out),
                             final_loss=loss, train_seconds=seconds, before=before, after=after)

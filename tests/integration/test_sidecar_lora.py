@@ -41,13 +41,16 @@ def random_adapter(folder: Path, seed: int = 0) -> Path:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from app.distill.train import TARGET_MODULES
+    from app.distill.train import TARGET_MODULES, TrainSettings, adapted_layers
 
     torch.manual_seed(seed)
     base = AutoModelForCausalLM.from_pretrained(resolve_model_path("embedded"),
                                                 dtype=torch.float32)
+    # On the top layers only, as `ooo-spec sidecar distill` trains it (vLLM leaves the others).
+    layers = adapted_layers(base.config.num_hidden_layers, TrainSettings().layers)
     config = LoraConfig(r=8, lora_alpha=16, target_modules=list(TARGET_MODULES),
-                        init_lora_weights=False, task_type="CAUSAL_LM")
+                        init_lora_weights=False, task_type="CAUSAL_LM",
+                        layers_to_transform=list(layers), layers_pattern="layers")
     get_peft_model(base, config).save_pretrained(folder)
     return folder
 

@@ -24,7 +24,7 @@ from app.distill.pairs import (
     split,
 )
 from app.distill.report import agreement
-from app.distill.train import IGNORE, TrainSettings, batch_indices, collate
+from app.distill.train import TrainSettings, adapted_layers, batch_indices, collate
 from app.engine import slot_filling
 from app.openai_models import ChatCompletionRequest
 
@@ -127,11 +127,17 @@ def test_batches_cover_every_pair_once_per_epoch_in_a_seeded_order() -> None:
     assert batch_indices(10, 4, 0, seed=0) != batch_indices(10, 4, 0, seed=1)
 
 
-def test_collate_puts_the_loss_on_the_targets_only() -> None:
+def test_collate_pads_on_the_right() -> None:
     batch = collate([pair("a", [5, 6, 7], [8]), pair("b", [5], [9, 10])], pad_id=0)
     assert batch["input_ids"].tolist() == [[5, 6, 7, 8], [5, 9, 10, 0]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 1, 0]]
-    assert batch["labels"].tolist() == [[IGNORE, IGNORE, IGNORE, 8], [IGNORE, 9, 10, IGNORE]]
+
+
+def test_the_adapter_sits_on_the_top_layers() -> None:
+    assert adapted_layers(30, 8) == range(22, 30)
+    assert adapted_layers(4, None) == adapted_layers(4, 4) == adapted_layers(4, 9) == range(4)
+    with pytest.raises(ValueError):
+        adapted_layers(30, 0)
 
 
 def test_agreement_counts_pairs_kinds_and_whole_cases() -> None:
@@ -151,7 +157,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
     folder = tmp_path_factory.mktemp("tiny")
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=256, tie_word_embeddings=True)
     LlamaForCausalLM(config).save_pretrained(folder)
     tokenizer().save_pretrained(folder)
@@ -177,8 +183,36 @@ def _train(model_path: str, out: Path, steps: int, seed: int = 0) -> Any:
     from app.distill.train import run_training
 
     settings = TrainSettings(steps=steps, batch_size=2, learning_rate=3e-2, rank=8, alpha=16,
-                             seed=seed, checkpoint_every=2)
+                             seed=seed, checkpoint_every=2, layers=2)
     return run_training(model_path, PAIRS, PAIRS, out, settings, progress=False)
+
+
+def test_the_top_layers_on_trunk_states_are_the_whole_model(tiny_model: str) -> None:
+    """Training runs only the adapted layers, on states the frozen layers below wrote once:
+    the logits must be the whole model's, adapter included, at exactly the target positions."""
+    import torch
+
+    from app.distill.train import load_model, target_logits, trunk_states
+
+    model = load_model(tiny_model, TrainSettings(rank=8, alpha=16, layers=2))
+    adapted = {n.split(".layers.")[1].split(".")[0] for n, _ in model.named_parameters()
+               if "lora_" in n}
+    assert adapted == {"2", "3"}
+    with torch.no_grad():  # a trained-looking adapter (a fresh one is zero: B = 0)
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.5, generator=torch.Generator().manual_seed(1))
+    model.eval()
+    pairs = [pair("a", [1, 5, 6, 7], [8, 9]), pair("b", [1, 5], [10])]
+    logits, targets = target_logits(model, pairs, trunk_states(model, pairs, pad_id=0))
+    assert targets.tolist() == [8, 9, 10]
+    with torch.no_grad():
+        whole = model(**collate(pairs, pad_id=0)).logits
+        with model.disable_adapter():
+            base = model(**collate(pairs, pad_id=0)).logits
+    expected = torch.stack([whole[0, 3], whole[0, 4], whole[1, 1]])
+    assert torch.allclose(logits, expected, atol=1e-5)
+    assert not torch.allclose(whole, base, atol=1e-3), "the adapter changes nothing"
 
 
 def test_training_is_seeded_resumable_and_learns_the_pairs(tiny_model: str,
