@@ -196,6 +196,36 @@ class SidecarLoraConfig(_Strict):
         16, description="vLLM's max_lora_rank: at least the adapter's rank (`r`)."
     )
 
+    def errors(self) -> list[str]:
+        """The adapter must be there (on this machine) and its rank within `max_rank` (vLLM
+        refuses it otherwise)."""
+        import json
+        from pathlib import Path
+
+        config_file = Path(self.path) / "adapter_config.json"
+        if not config_file.is_file():
+            return [f"sidecar.lora.path: no adapter_config.json in {self.path} (train one with "
+                    "`ooo-spec sidecar distill`)"]
+        try:
+            rank = int(json.loads(config_file.read_text(encoding="utf-8")).get("r", 0))
+        except (ValueError, AttributeError):
+            return [f"sidecar.lora.path: {config_file} is not a PEFT adapter config"]
+        if rank > self.max_rank:
+            return [f"sidecar.lora.max_rank: the adapter's rank is {rank}; set max_rank >= {rank}"]
+        return []
+
+
+class SidecarUserConfig(_Strict):
+    """The Sidecar deployment's Serve `user_config`: what a redeploy changes on the running
+    replicas (`reconfigure`), without restarting them or reloading the model."""
+
+    lora_path: str | None = Field(
+        None, min_length=1,
+        description="Another adapter for `sidecar.lora` (same base model, rank within its "
+        "max_rank); vLLM loads it beside the model. Needs `sidecar.lora` set at start: the "
+        "engine is built with LoRA only then.",
+    )
+
 
 class SidecarConfig(_Strict):
     enabled: bool = True

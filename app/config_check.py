@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Field, ValidationError
 
-from app.config import AppConfig, EngineConfig, ModelDims, SidecarLoraConfig
+from app.config import AppConfig, EngineConfig, ModelDims, SidecarUserConfig
 from app.engine.engine_args import (
     DEFAULT_BLOCK_SIZE,
     Platform,
@@ -335,27 +335,38 @@ def check_application(application: Mapping[str, Any], index: int = 0) -> Applica
             check_engine(dep, actor, cfg, setting, speculative)
         if name == "MainModel":
             check_tool_format(dep, config.main.engine)
-        if name == "Sidecar" and config.sidecar.lora is not None:
-            dep.errors += sidecar_lora_errors(config.sidecar.lora)
+        if name == "Sidecar":
+            dep.errors += sidecar_adapter_errors(config, _user_config(application, name))
         report.deployments.append(dep)
     _check_baseline_hardware(report, actors)
     return report
 
 
-def sidecar_lora_errors(lora: SidecarLoraConfig) -> list[str]:
-    """The adapter must be there (checked on this machine: run the check where the replicas
-    run, or in their image) and its rank within `max_rank` (vLLM refuses it otherwise)."""
-    config_file = Path(lora.path) / "adapter_config.json"
-    if not config_file.is_file():
-        return [f"sidecar.lora.path: no adapter_config.json in {lora.path} (train one with "
-                "`ooo-spec sidecar distill`)"]
+def _user_config(application: Mapping[str, Any], deployment: str) -> Any:
+    for entry in application.get("deployments") or []:
+        if isinstance(entry, Mapping) and entry.get("name") == deployment:
+            return entry.get("user_config")
+    return None
+
+
+def sidecar_adapter_errors(config: AppConfig, user_config: Any) -> list[str]:
+    """`sidecar.lora` and the adapter a Sidecar `user_config` swaps in (`lora_path`): each
+    must be there, within `max_rank`, and a swap needs the engine built with LoRA."""
+    lora = config.sidecar.lora
+    errors = lora.errors() if lora is not None else []
+    if user_config is None:
+        return errors
     try:
-        rank = int(json.loads(config_file.read_text(encoding="utf-8")).get("r", 0))
-    except (ValueError, AttributeError):
-        return [f"sidecar.lora.path: {config_file} is not a PEFT adapter config"]
-    if rank > lora.max_rank:
-        return [f"sidecar.lora.max_rank: the adapter's rank is {rank}; set max_rank >= {rank}"]
-    return []
+        update = SidecarUserConfig.model_validate(user_config)
+    except ValidationError as exc:
+        return errors + [f"Sidecar user_config: {e['msg']}" for e in exc.errors()]
+    if update.lora_path is None:
+        return errors
+    if lora is None:
+        return errors + ["Sidecar user_config.lora_path: set sidecar.lora in args too (the "
+                         "sidecar's engine is built with LoRA only then)"]
+    return errors + [f"Sidecar user_config: {e}" for e in
+                     lora.model_copy(update={"path": update.lora_path}).errors()]
 
 
 def check_tool_format(dep: DeploymentReport, cfg: EngineConfig) -> None:

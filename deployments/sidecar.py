@@ -12,7 +12,7 @@ from typing import Any
 from ray import serve
 
 from app import telemetry
-from app.config import load_config
+from app.config import SidecarUserConfig, load_config
 from app.engine.history import ANONYMOUS_TENANT, TENANT_KEY
 from app.engine.sidecar import SidecarService
 from app.engine.vllm_engine import use_cache_salt
@@ -33,6 +33,13 @@ class Sidecar(FaultHandles):
         self.metrics = ServeMetrics()
         telemetry.setup_tracing("sidecar")
         self.service.start()
+
+    def reconfigure(self, user_config: dict[str, Any]) -> None:
+        """Serve's `user_config` (app.config.SidecarUserConfig), applied on a redeploy without
+        restarting the replica: `lora_path` swaps the adapter, the model stays loaded."""
+        update = SidecarUserConfig.model_validate(user_config)
+        if update.lora_path is not None:
+            self.service.engine.swap_adapter(update.lora_path)
 
     async def predict(self, payload: dict[str, Any]) -> dict[str, Any]:
         parent = telemetry.extract(payload.pop(telemetry.CARRIER_KEY, None))

@@ -21,7 +21,6 @@ import time
 from collections.abc import AsyncGenerator
 from contextvars import ContextVar
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from app.config import EngineConfig, SidecarLoraConfig, SpeculationConfig
@@ -189,9 +188,9 @@ class VllmEngine:
         current stream is per thread and CUDA graphs are captured during the build, so the
         thread that steps must be the one that built. A build error is raised here.
         """
-        if self.lora is not None and not (Path(self.lora.path) / "adapter_config.json").is_file():
+        if self.lora is not None and self.lora.errors():
             # vLLM would only fail at the first request; a replica without it must not start.
-            raise EngineError(f"sidecar.lora.path: no adapter_config.json in {self.lora.path}")
+            raise EngineError("; ".join(self.lora.errors()))
         platform = detect_platform()
         self.model_path = resolve_model_path(self.cfg.model)
         speculative = (
@@ -228,7 +227,7 @@ class VllmEngine:
         if self.lora is not None:
             from vllm.lora.request import LoRARequest
 
-            self.lora_request = LoRARequest("ooo-spec-adapter", 1, self.lora.path)
+            self.lora_request = LoRARequest("ooo-spec-adapter-1", 1, self.lora.path)
         if self.speculation is not None:
             from app.engine.candidate_proposer import bind_proposer
             from app.engine.draft_policy import DraftPolicy
@@ -269,6 +268,23 @@ class VllmEngine:
             # whichever engine was started in this process after this one.
             engine, self.engine = self.engine, None
             engine.engine_core.shutdown()
+
+    def swap_adapter(self, path: str) -> None:
+        """Serve the adapter at `path` from the next request on, without rebuilding the engine:
+        a new LoRARequest id, which vLLM loads beside the model on first use (requests already
+        running finish with the adapter they started with)."""
+        from vllm.lora.request import LoRARequest
+
+        if self.lora is None or self.lora_request is None:
+            raise EngineError("this engine was built without LoRA: set sidecar.lora and restart")
+        if path == self.lora.path:
+            return
+        lora = self.lora.model_copy(update={"path": path})
+        if lora.errors():
+            raise EngineError("; ".join(lora.errors()))
+        number = self.lora_request.lora_int_id + 1
+        self.lora, self.lora_request = lora, LoRARequest(f"ooo-spec-adapter-{number}", number,
+                                                         path)
 
     @property
     def healthy(self) -> bool:

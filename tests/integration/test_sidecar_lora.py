@@ -27,7 +27,7 @@ from app.engine.embedded_model import resolve_model_path
 from app.engine.main_model import MainModelService
 from app.engine.sidecar import SidecarService
 from app.engine.tool_format import parse_forced
-from app.engine.vllm_engine import USE_ADAPTER
+from app.engine.vllm_engine import USE_ADAPTER, EngineError
 from app.openai_models import ChatCompletionRequest
 from app.spec.prediction import Prediction
 from app.spec.validation import validate_arguments
@@ -108,6 +108,27 @@ def test_adapted_predictions_are_calls_that_fit_their_schema(sidecar: SidecarSer
         assert prediction.error is None and prediction.candidates
         for [call] in prediction.candidates:
             assert validate_arguments(call.arguments, schemas[call.name]) == []
+
+
+def test_another_adapter_swaps_in_without_reloading_the_model(
+    sidecar: SidecarService, config: AppConfig, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """What the Sidecar deployment's `reconfigure` does with a new `lora_path`."""
+    assert config.sidecar.lora is not None
+    prompt = sidecar.slot_prompt(request(PROMPTS[0]))
+    first = asyncio.run(_greedy(sidecar, prompt, adapter=True))
+    model = sidecar.engine.engine
+    other = random_adapter(tmp_path_factory.mktemp("other"), seed=1)
+    sidecar.engine.swap_adapter(str(other))
+    try:
+        assert asyncio.run(_greedy(sidecar, prompt, adapter=True)) != first
+        assert sidecar.engine.engine is model, "the engine was rebuilt"
+    finally:
+        sidecar.engine.swap_adapter(config.sidecar.lora.path)
+    assert asyncio.run(_greedy(sidecar, prompt, adapter=True)) == first
+    with pytest.raises(EngineError, match="adapter_config.json"):
+        sidecar.engine.swap_adapter(str(tmp_path_factory.mktemp("empty")))
+    assert asyncio.run(_greedy(sidecar, prompt, adapter=True)) == first
 
 
 async def _main_tokens(main: MainModelService, sidecar: SidecarService | None, text: str

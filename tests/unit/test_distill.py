@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from functools import cache
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -255,18 +256,59 @@ def test_collection_sends_the_benchmarks_plain_request_and_never_measured_cases(
 
 
 def test_the_adapter_config_and_its_check(tmp_path: Path) -> None:
-    from app.config_check import sidecar_lora_errors
     from app.engine.engine_args import cpu_launch, with_lora
 
     lora = SidecarLoraConfig(path=str(tmp_path))
-    assert "no adapter_config.json" in sidecar_lora_errors(lora)[0]
+    assert "no adapter_config.json" in lora.errors()[0]
     (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 32}))
-    assert "max_rank" in sidecar_lora_errors(lora)[0]
-    assert sidecar_lora_errors(SidecarLoraConfig(path=str(tmp_path), max_rank=32)) == []
+    assert "max_rank" in lora.errors()[0]
+    assert SidecarLoraConfig(path=str(tmp_path), max_rank=32).errors() == []
     config = AppConfig.model_validate({"sidecar": {"lora": {"path": str(tmp_path)}}})
     assert config.sidecar.lora is not None and config.main.engine == AppConfig().main.engine
     launch = with_lora(cpu_launch(config.sidecar.engine, "/m"), 16)
     assert launch.kwargs["enable_lora"] is True and launch.kwargs["max_lora_rank"] == 16
+
+
+def test_a_swapped_adapter_is_checked_like_the_configured_one(tmp_path: Path) -> None:
+    from app.config_check import check_application, sidecar_adapter_errors
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    for folder, rank in ((first, 8), (second, 32)):
+        folder.mkdir()
+        (folder / "adapter_config.json").write_text(json.dumps({"r": rank}))
+    with_lora = AppConfig.model_validate({"sidecar": {"lora": {"path": str(first)}}})
+    assert sidecar_adapter_errors(with_lora, None) == []
+    assert sidecar_adapter_errors(with_lora, {"lora_path": str(first)}) == []
+    assert "max_rank" in sidecar_adapter_errors(with_lora, {"lora_path": str(second)})[0]
+    assert "no adapter_config.json" in sidecar_adapter_errors(
+        with_lora, {"lora_path": str(tmp_path / "none")})[0]
+    assert "set sidecar.lora" in sidecar_adapter_errors(AppConfig(), {"lora_path": str(first)})[0]
+    assert "Extra inputs" in sidecar_adapter_errors(with_lora, {"lora": str(first)})[0]
+    # Read from the Serve config's `deployments:` entry.
+    report = check_application({
+        "args": {"sidecar": {"lora": {"path": str(first)}}},
+        "deployments": [{"name": "Sidecar", "user_config": {"lora_path": str(second)}}],
+    })
+    [sidecar] = [d for d in report.deployments if d.name == "Sidecar"]
+    assert any("max_rank" in e for e in sidecar.errors)
+
+
+def test_the_sidecar_deployment_swaps_the_adapter_on_reconfigure() -> None:
+    from deployments.sidecar import Sidecar
+
+    class Engine:
+        swapped: list[str] = []
+
+        def swap_adapter(self, path: str) -> None:
+            self.swapped.append(path)
+
+    replica: Any = SimpleNamespace(service=SimpleNamespace(engine=Engine()))
+    reconfigure = Sidecar.func_or_class.reconfigure
+    reconfigure(replica, {"lora_path": "adapters/v2"})
+    reconfigure(replica, {})
+    assert Engine.swapped == ["adapters/v2"]
+    with pytest.raises(ValueError):
+        reconfigure(replica, {"lora_path": ""})
 
 
 def test_the_command_is_registered() -> None:
