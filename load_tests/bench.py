@@ -161,6 +161,10 @@ register_mode(SIDECAR_BASE, {"ooo_spec": {"enabled": True, "pre_execute": False,
                                                           "sidecar_adapter": False}}},
               "as `sidecar`, the sidecar's base model without its LoRA adapter",
               sources=["bfcl"])
+# What the adapter does end to end: `ooo` with the sidecar's base model.
+register_mode("ooo:base", {"ooo_spec": {"enabled": True, "pre_execute": False,
+                                        "diagnostics": {"sidecar_adapter": False}}},
+              "as `ooo`, the sidecar's base model without its LoRA adapter")
 
 
 def parse_modes(spec: str) -> list[Mode]:

@@ -6,7 +6,8 @@ Everything goes under `--out`:
   today's sidecar code renders);
 - `checkpoint/`: the training state every `--checkpoint-every` steps (a rerun resumes);
 - `adapter/`: the finished adapter, for `sidecar.lora.path`;
-- `report.json`: held-out agreement before and after.
+- `report.json`: held-out agreement before and after;
+- a copy of the `--config` Serve config with `sidecar.lora` set to the adapter.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from app.distill.collect import read_samples
     from app.distill.pairs import offline_sidecar, render_pairs, split
     from app.distill.report import format_report
-    from app.distill.train import TrainSettings, run_training
+    from app.distill.train import ADAPTER, TrainSettings, run_training
     from app.engine.embedded_model import resolve_model_path
 
     config = load_app_config(args.config)
@@ -85,9 +86,23 @@ def run(args: argparse.Namespace) -> int:
     report = run_training(resolve_model_path(config.sidecar.engine.model), train_pairs,
                           held_out, out, settings, progress=not args.no_progress)
     print(format_report(report))
-    _say(f"ooo-spec: adapter in {out / 'adapter'}; serve it with sidecar.lora.path: "
-         f"{out / 'adapter'} (sidecar.lora.max_rank >= {args.rank})")
+    served = out / Path(args.config).name
+    served.write_text(serve_config_with_adapter(Path(args.config).read_text(encoding="utf-8"),
+                                                (out / ADAPTER).resolve(), args.rank))
+    _say(f"ooo-spec: adapter in {out / ADAPTER}; {served} is {args.config} serving it "
+         f"(sidecar.lora)")
     return 0
+
+
+def serve_config_with_adapter(serve_config: str, adapter: Path, rank: int) -> str:
+    """The Serve config with `sidecar.lora` set to the adapter in every application."""
+    import yaml
+
+    data = yaml.safe_load(serve_config) or {}
+    for application in data.get("applications") or []:
+        sidecar = application.setdefault("args", {}).setdefault("sidecar", {})
+        sidecar["lora"] = {"path": str(adapter), "max_rank": rank}
+    return str(yaml.safe_dump(data, sort_keys=False))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -311,6 +311,25 @@ def test_the_sidecar_deployment_swaps_the_adapter_on_reconfigure() -> None:
         reconfigure(replica, {"lora_path": ""})
 
 
+def test_the_command_writes_the_serve_config_that_serves_the_adapter(tmp_path: Path) -> None:
+    import yaml
+
+    from app.config_check import check_file
+    from app.distill.command import serve_config_with_adapter
+
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 16}))
+    shipped = (Path(__file__).parents[2] / "configs" / "bench.yaml").read_text()
+    served = yaml.safe_load(serve_config_with_adapter(shipped, tmp_path, 16))
+    args = served["applications"][0]["args"]
+    assert args["sidecar"]["lora"] == {"path": str(tmp_path), "max_rank": 16}
+    original = yaml.safe_load(shipped)
+    args["sidecar"].pop("lora")
+    assert served == original  # nothing else changed
+    config_file = tmp_path / "served.yaml"
+    config_file.write_text(serve_config_with_adapter(shipped, tmp_path, 16))
+    assert check_file(config_file).errors == []
+
+
 def test_the_command_is_registered() -> None:
     from app.cli import build_parser
 
