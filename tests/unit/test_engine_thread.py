@@ -15,9 +15,18 @@ from app.config import EngineConfig
 from app.engine.vllm_engine import VllmEngine
 
 
+class FakeEngineCore:
+    def __init__(self) -> None:
+        self.shut_down_on: list[str] = []
+
+    def shutdown(self) -> None:
+        self.shut_down_on.append(threading.current_thread().name)
+
+
 class FakeLLMEngine:
     def __init__(self) -> None:
         self.stepped_on: set[str] = set()
+        self.engine_core = FakeEngineCore()
 
     def has_unfinished_requests(self) -> bool:
         self.stepped_on.add(threading.current_thread().name)
@@ -63,6 +72,10 @@ def test_build_and_steps_happen_on_the_same_thread(
         assert fake.stepped_on == {"vllm-step-loop"}
     finally:
         e.stop()
+    # Shut down at once, after the step loop ended: left to the garbage collector, vLLM's
+    # teardown would reset the process-wide parallel groups under the next engine.
+    assert fake.engine_core.shut_down_on == [threading.current_thread().name]
+    assert e.engine is None and not e.healthy
 
 
 def test_a_build_error_is_raised_by_start(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
