@@ -101,6 +101,34 @@ def test_the_adapter_is_served_per_request(sidecar: SidecarService) -> None:
     assert asyncio.run(_greedy(sidecar, prompt, adapter=True)) == adapted
 
 
+def test_vllm_serves_the_adapter_as_peft_computes_it(sidecar: SidecarService,
+                                                    config: AppConfig) -> None:
+    """What is trained (PEFT) is what is served (vLLM's LoRA layers): greedy continuations
+    of the sidecar's own prompts are the same tokens, with the adapter and without."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    assert config.sidecar.lora is not None
+    base = AutoModelForCausalLM.from_pretrained(resolve_model_path("embedded"),
+                                                dtype=torch.float32)
+    peft = PeftModel.from_pretrained(base, config.sidecar.lora.path).eval()
+
+    def peft_greedy(prompt: list[int]) -> list[int]:
+        with torch.no_grad():
+            out = peft.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False)
+        return list(out[0, len(prompt):].tolist())
+
+    for text in (PROMPTS[0], PROMPTS[2]):
+        prompt = sidecar.slot_prompt(request(text))
+        served = asyncio.run(_greedy(sidecar, prompt, adapter=True))
+        assert served == peft_greedy(prompt)[:len(served)] and served
+        plain = asyncio.run(_greedy(sidecar, prompt, adapter=False))
+        with peft.disable_adapter():
+            assert plain == peft_greedy(prompt)[:len(plain)] and plain
+        assert plain != served
+
+
 def test_adapted_predictions_are_calls_that_fit_their_schema(sidecar: SidecarService) -> None:
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
     for adapter in (True, False):
