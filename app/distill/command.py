@@ -65,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = load_app_config(args.config)
     out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)  # also when the samples come from --samples
     samples_path = Path(args.samples) if args.samples else out / "samples.jsonl"
     if not samples_path.is_file():
         collect_samples(config, args, samples_path)
