@@ -188,9 +188,10 @@ class VllmEngine:
         current stream is per thread and CUDA graphs are captured during the build, so the
         thread that steps must be the one that built. A build error is raised here.
         """
-        if self.lora is not None and self.lora.errors():
+        lora_errors = self.lora.errors() if self.lora is not None else []
+        if lora_errors:
             # vLLM would only fail at the first request; a replica without it must not start.
-            raise EngineError("; ".join(self.lora.errors()))
+            raise EngineError("; ".join(lora_errors))
         platform = detect_platform()
         self.model_path = resolve_model_path(self.cfg.model)
         speculative = (
@@ -280,8 +281,9 @@ class VllmEngine:
         if path == self.lora.path:
             return
         lora = self.lora.model_copy(update={"path": path})
-        if lora.errors():
-            raise EngineError("; ".join(lora.errors()))
+        lora_errors = lora.errors()
+        if lora_errors:
+            raise EngineError("; ".join(lora_errors))
         number = self.lora_request.lora_int_id + 1
         self.lora, self.lora_request = lora, LoRARequest(f"ooo-spec-adapter-{number}", number,
                                                          path)
