@@ -195,6 +195,13 @@ class SidecarLoraConfig(_Strict):
     max_rank: Literal[8, 16, 32, 64] = Field(
         16, description="vLLM's max_lora_rank: at least the adapter's rank (`r`)."
     )
+    modules: Literal["adapter", "all"] = Field(
+        "adapter",
+        description="Layers vLLM wraps for LoRA: `adapter`, only the ones this adapter has "
+        "weights for (on CPU every wrapped layer costs time on every token, whether the adapter "
+        "uses it or not); `all`, every layer vLLM supports, so that an adapter swapped in "
+        "later (`user_config.lora_path`) may cover other layers.",
+    )
 
     def errors(self) -> list[str]:
         """The adapter must be there (on this machine) and its rank within `max_rank` (vLLM

@@ -365,8 +365,23 @@ def sidecar_adapter_errors(config: AppConfig, user_config: Any) -> list[str]:
     if lora is None:
         return errors + ["Sidecar user_config.lora_path: set sidecar.lora in args too (the "
                          "sidecar's engine is built with LoRA only then)"]
-    return errors + [f"Sidecar user_config: {e}" for e in
-                     lora.model_copy(update={"path": update.lora_path}).errors()]
+    swapped = lora.model_copy(update={"path": update.lora_path})
+    errors += [f"Sidecar user_config: {e}" for e in swapped.errors()]
+    if errors or lora.modules == "all":
+        return errors
+    from app.engine.lora_modules import peft_modules
+
+    configured, swapping = peft_modules(lora.path), peft_modules(swapped.path)
+    if configured is None or swapping is None:
+        return errors  # weights in another format: the replica checks what vLLM wraps
+    extra = sorted(swapping - configured)
+    if extra:
+        errors.append(
+            f"Sidecar user_config.lora_path: the adapter has layers sidecar.lora.path's does not "
+            f"({', '.join(extra[:3])}{', ...' if len(extra) > 3 else ''}), and the engine wraps "
+            "only those for LoRA: set sidecar.lora.modules: all, or deploy it as sidecar.lora.path"
+        )
+    return errors
 
 
 def check_tool_format(dep: DeploymentReport, cfg: EngineConfig) -> None:

@@ -62,7 +62,14 @@ SUPPORTED_CATEGORIES = (
     "live_parallel_multiple",
     "live_irrelevance",
     "live_relevance",
+    "exec_simple",
+    "exec_multiple",
+    "exec_parallel",
+    "exec_parallel_multiple",
 )
+# BFCL keeps the questions of its retired executable categories (Python functions, like
+# `simple_python`'s) among its unused datasets, without AST answers.
+_UNUSED_DIR = "unused_datasets/question"
 
 _DATA_DIR = "bfcl_eval/data"
 _OPENAI_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -178,6 +185,8 @@ def load_bfcl(category: str, limit: int | None = None, wheel: Path | None = None
     with zipfile.ZipFile(wheel or bfcl_wheel()) as archive:
         names = set(archive.namelist())
         question_file = f"{_DATA_DIR}/BFCL_v4_{category}.json"
+        if question_file not in names:
+            question_file = f"{_DATA_DIR}/{_UNUSED_DIR}/BFCL_v4_{category}.json"
         questions = _read_jsonl(archive, question_file)
         answer_file = f"{_DATA_DIR}/possible_answer/BFCL_v4_{category}.json"
         answers = (

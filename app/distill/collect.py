@@ -8,10 +8,16 @@ call), so the calls collected are the calls the sidecar is later measured agains
 questions. Outputs cut short by max_tokens commit no call and are left out.
 
 Sources (`load_cases`): BFCL categories other than the measured ones (`MEASURED`, refused
-here so no measured question is ever trained on). Not yet: the agent scenarios (their tools
-come from a running server's `GET /v1/tools`), synthetic tool sets from JSON Schemas, and the
-router's history store. The BFCL loader of load_tests/ is imported when asked for: the command
-runs from the repository root, as `ooo-spec bench` does.
+here, and any case whose question is word for word a measured one's is dropped, so no measured
+question is ever trained on), among them the retired executable categories (`exec_simple`,
+`exec_multiple`, ...: Python functions like the measured ones'). Not yet: the agent scenarios
+(their tools come from a running server's `GET /v1/tools`), synthetic tool sets from JSON
+Schemas, and the router's history store. The BFCL loader of load_tests/ is imported when asked
+for: the command runs from the repository root, as `ooo-spec bench` does.
+
+Collection is a log (`CollectionLog`): each case's sample is appended as soon as it is done
+(or its id to the skipped list), so a stopped collection resumes where it was, and a larger
+`--limit` or another source collects only the new cases.
 """
 
 from __future__ import annotations
@@ -54,20 +60,57 @@ def request_body(case: DistillCase) -> dict[str, Any]:
 
 
 def load_cases(sources: Sequence[str], limit: int | None) -> list[DistillCase]:
-    """Up to `limit` cases per source `bfcl:<category>`."""
+    """Up to `limit` cases per source `bfcl:<category>`, none with a measured question."""
+    from load_tests.bfcl import load_bfcl
+
     cases: list[DistillCase] = []
     for source in sources:
         if source.startswith("bfcl:"):
             category = source.removeprefix("bfcl:")
             if category in MEASURED:
                 raise ValueError(f"{source}: measured by the benchmark, never trained on")
-            from load_tests.bfcl import load_bfcl
-
             cases += [DistillCase(id=c.id, source=source, messages=c.messages, tools=c.tools)
                       for c in load_bfcl(category, limit)]
         else:
             raise ValueError(f"unknown source {source!r}: bfcl:<category>")
-    return cases
+    measured = [c.messages for category in sorted(MEASURED) for c in load_bfcl(category)]
+    return without_questions(cases, measured)
+
+
+def question(messages: Sequence[dict[str, Any]]) -> str:
+    """A conversation's user text, normalised for comparison (case and spacing)."""
+    text = " ".join(str(m.get("content") or "") for m in messages if m.get("role") == "user")
+    return " ".join(text.lower().split())
+
+
+def without_questions(
+    cases: Sequence[DistillCase], conversations: Iterable[Sequence[dict[str, Any]]]
+) -> list[DistillCase]:
+    """`cases` less the ones asking a question of `conversations` (the measured cases')."""
+    banned = {question(c) for c in conversations}
+    return [c for c in cases if question(c.messages) not in banned]
+
+
+class CollectionLog:
+    """The samples collected so far (`samples.jsonl`) and the ids of the cases that gave none
+    (`samples.jsonl.skipped`), appended one case at a time."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.skipped = path.with_name(path.name + ".skipped")
+
+    def done(self) -> set[str]:
+        ids = {s.case_id for s in read_samples(self.path)} if self.path.is_file() else set()
+        if self.skipped.is_file():
+            ids |= set(self.skipped.read_text(encoding="utf-8").split())
+        return ids
+
+    def add(self, case: DistillCase, sample: Sample | None) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        target, line = ((self.path, sample.model_dump_json()) if sample is not None
+                        else (self.skipped, case.id))
+        with target.open("a", encoding="utf-8") as f:
+            f.write(line + "\n")
 
 
 async def collect_one(service: MainModelService, case: DistillCase) -> Sample | None:
@@ -82,7 +125,7 @@ async def collect_one(service: MainModelService, case: DistillCase) -> Sample | 
 
 async def collect(
     service: MainModelService, cases: Sequence[DistillCase], concurrency: int = 4,
-    on_done: Callable[[Sample | None], None] | None = None,
+    on_done: Callable[[DistillCase, Sample | None], None] | None = None,
 ) -> list[Sample]:
     """Every case through the main model, `concurrency` at a time (the engine batches them);
     a case the server would refuse (a 4xx) is skipped like one cut short."""
@@ -95,16 +138,11 @@ async def collect(
             except Exception:  # refused (too long for the context, schema it cannot compile)
                 sample = None
             if on_done is not None:
-                on_done(sample)
+                on_done(case, sample)
             return sample
 
     results = await asyncio.gather(*(one(c) for c in cases))
     return [s for s in results if s is not None]
-
-
-def write_samples(path: Path, samples: Iterable[Sample]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(s.model_dump_json() + "\n" for s in samples), encoding="utf-8")
 
 
 def read_samples(path: Path) -> list[Sample]:

@@ -1,7 +1,8 @@
 """`ooo-spec sidecar distill`: collect, render, train, report, in one resumable command.
 
 Everything goes under `--out`:
-- `samples.jsonl`: the main model's committed calls (collection is skipped when it exists);
+- `samples.jsonl`: the main model's committed calls, appended case by case (a rerun collects
+  only the cases of `--sources` and `--limit` it does not hold yet);
 - `pairs.jsonl`: the training pairs, rendered again on every run (cheap, and always what
   today's sidecar code renders);
 - `checkpoint/`: the training state every `--checkpoint-every` steps (a rerun resumes);
@@ -35,25 +36,35 @@ def _say(message: str) -> None:
 
 
 def collect_samples(config: AppConfig, args: argparse.Namespace, path: Path) -> None:
+    """The main model's calls on the cases of `--sources` not collected into `path` yet."""
     from tqdm import tqdm
 
-    from app.distill.collect import collect, load_cases, write_samples
+    from app.distill.collect import CollectionLog, DistillCase, collect, load_cases
+    from app.distill.pairs import Sample
     from app.engine.main_model import MainModelService
 
+    log = CollectionLog(path)
     cases = load_cases(args.sources.split(","), args.limit)
-    _say(f"ooo-spec: collecting the main model's calls on {len(cases)} cases "
-         f"({args.sources}, up to {args.limit} each)")
+    done = log.done()
+    todo = [c for c in cases if c.id not in done]
+    _say(f"ooo-spec: {len(cases)} cases ({args.sources}, up to {args.limit} each), "
+         f"{len(cases) - len(todo)} collected before")
+    if not todo:
+        return
     service = MainModelService(config)
     service.start()
+    bar = tqdm(total=len(todo), desc="collecting", unit="req", disable=args.no_progress)
+
+    def done_one(case: DistillCase, sample: Sample | None) -> None:
+        log.add(case, sample)
+        bar.update(1)
+
     try:
-        bar = tqdm(total=len(cases), desc="collecting", unit="req", disable=args.no_progress)
-        samples = asyncio.run(collect(service, cases, args.concurrency,
-                                      on_done=lambda _: bar.update(1)))
-        bar.close()
+        asyncio.run(collect(service, todo, args.concurrency, on_done=done_one))
     finally:
+        bar.close()
         service.engine.stop()
-    write_samples(path, samples)
-    _say(f"ooo-spec: {len(samples)} committed calls in {path}")
+    _say(f"ooo-spec: the main model's calls in {path}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -67,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)  # also when the samples come from --samples
     samples_path = Path(args.samples) if args.samples else out / "samples.jsonl"
-    if not samples_path.is_file():
+    if not args.samples:
         collect_samples(config, args, samples_path)
     samples = read_samples(samples_path)
     sidecar = offline_sidecar(config)
@@ -83,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
                              learning_rate=args.learning_rate, rank=args.rank,
                              alpha=2 * args.rank, seed=args.seed,
                              checkpoint_every=args.checkpoint_every,
-                             layers=args.layers or None)
+                             layers=args.layers or None,
+                             modules=tuple(args.modules.split(",")))
     report = run_training(resolve_model_path(config.sidecar.engine.model), train_pairs,
                           held_out, out, settings, progress=not args.no_progress)
     print(format_report(report))
@@ -109,6 +121,7 @@ def serve_config_with_adapter(serve_config: str, adapter: Path, rank: int) -> st
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from app.distill.collect import DEFAULT_SOURCES
     from app.distill.pairs import DEFAULT_KINDS
+    from app.distill.train import TARGET_MODULES
 
     parser.add_argument("--config", default="configs/local.yaml",
                         help="Serve config whose main and sidecar engines are distilled "
@@ -134,6 +147,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=int, default=8,
                         help="top decoder layers that carry the adapter (default 8; 0: all). "
                         "The layers below are run once per pair, not at every step")
+    parser.add_argument("--modules", default=",".join(TARGET_MODULES),
+                        help="linear layers of each adapted layer that carry the adapter "
+                        f"(default {','.join(TARGET_MODULES)}: on CPU each one vLLM wraps "
+                        "costs the sidecar time)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--checkpoint-every", type=int, default=50)
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")

@@ -32,8 +32,12 @@ from typing import Any
 
 from app.distill.pairs import Pair
 
-# Every linear layer of a Llama block: vLLM's LoRA serves all of them.
-TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# The attention's input projections: vLLM packs the three into one `qkv_proj` per layer, and on
+# CPU the sidecar's time grows with every layer vLLM wraps for LoRA, whatever its size (one
+# packed qkv per layer on the top 8 costs ~8% per pass, every linear layer of them ~60%:
+# app/engine/lora_modules.py). What a slot gets wrong is mostly which part of the question it
+# copies, which is what attention decides.
+TARGET_MODULES = ("q_proj", "k_proj", "v_proj")
 CHECKPOINT = "checkpoint"
 ADAPTER = "adapter"
 
@@ -48,6 +52,7 @@ class TrainSettings:
     seed: int = 0
     checkpoint_every: int = 50
     layers: int | None = 8  # top decoder layers that carry the adapter; None: all of them
+    modules: tuple[str, ...] = TARGET_MODULES  # the linear layers of each that carry it
 
 
 def adapted_layers(total: int, layers: int | None) -> range:
@@ -93,7 +98,7 @@ def load_model(model_path: str, settings: TrainSettings) -> Any:
     base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     layers = adapted_layers(base.config.num_hidden_layers, settings.layers)
     config = LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=0.0,
-                        target_modules=list(TARGET_MODULES), task_type="CAUSAL_LM",
+                        target_modules=list(settings.modules), task_type="CAUSAL_LM",
                         layers_to_transform=list(layers), layers_pattern="layers")
     return get_peft_model(base, config)
 

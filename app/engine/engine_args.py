@@ -144,10 +144,15 @@ def engine_launch(
     return cpu_launch(cfg, model_path, speculative_config)
 
 
-def with_lora(launch: EngineLaunch, max_rank: int) -> EngineLaunch:
+def with_lora(
+    launch: EngineLaunch, max_rank: int, target_modules: list[str] | None = None
+) -> EngineLaunch:
     """The same launch with vLLM's LoRA support on, for one adapter at a time (the sidecar's,
-    `sidecar.lora`); each request then names it in its `LoRARequest`."""
+    `sidecar.lora`); each request then names it in its `LoRARequest`. `target_modules`: the
+    only modules vLLM wraps (full names, `lora_modules.py`); None wraps every one it can."""
     kwargs = {**launch.kwargs, "enable_lora": True, "max_lora_rank": max_rank, "max_loras": 1}
+    if target_modules is not None:
+        kwargs["lora_target_modules"] = list(target_modules)
     return EngineLaunch(launch.platform, kwargs, launch.env, launch.env_defaults,
                         launch.env_unset)
 

@@ -35,6 +35,7 @@ from app.engine.engine_args import (
     with_lora,
 )
 from app.engine.logprobs import TokenLogprobs, from_engine
+from app.engine.lora_modules import adapter_runtime_modules, uncovered
 
 logger = logging.getLogger(__name__)
 
@@ -164,6 +165,8 @@ class VllmEngine:
         self.vllm_speculative = vllm_speculative
         self.lora = lora
         self.lora_request: Any = None  # vLLM's LoRARequest for `lora`, built with the engine
+        # The modules vLLM wraps for LoRA (`sidecar.lora.modules`); None: every one it can.
+        self.lora_modules: list[str] | None = None
         self.store = CandidateStore()
         self._commands: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[Any]]] = {}
@@ -201,7 +204,9 @@ class VllmEngine:
         )
         self.launch = engine_launch(platform, self.cfg, self.model_path, speculative)
         if self.lora is not None:
-            self.launch = with_lora(self.launch, self.lora.max_rank)
+            if self.lora.modules == "adapter":
+                self.lora_modules = adapter_runtime_modules(self.lora.path, self.model_path)
+            self.launch = with_lora(self.launch, self.lora.max_rank, self.lora_modules)
         apply_env(self.launch, os.environ)
         if platform == "cuda":
             from app.engine.cuda_driver import check_driver
@@ -284,6 +289,14 @@ class VllmEngine:
         lora_errors = lora.errors()
         if lora_errors:
             raise EngineError("; ".join(lora_errors))
+        missing = uncovered(adapter_runtime_modules(path, self.model_path), self.lora_modules)
+        if missing:
+            # vLLM would silently leave those layers of the adapter out.
+            raise EngineError(
+                f"the adapter at {path} has layers this engine did not wrap for LoRA "
+                f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): restart "
+                "the replicas with it as sidecar.lora.path, or set sidecar.lora.modules: all"
+            )
         number = self.lora_request.lora_int_id + 1
         self.lora, self.lora_request = lora, LoRARequest(f"ooo-spec-adapter-{number}", number,
                                                          path)

@@ -255,6 +255,34 @@ def test_collection_sends_the_benchmarks_plain_request_and_never_measured_cases(
     assert "parallel_tool_calls" not in ours
 
 
+def test_a_measured_question_is_never_collected() -> None:
+    def case(case_id: str, text: str) -> collect.DistillCase:
+        return collect.DistillCase(id=case_id, source="bfcl:x", tools=[ADD],
+                                   messages=[{"role": "user", "content": text}])
+
+    measured = [[{"role": "system", "content": "s"}, {"role": "user", "content": "Add 3 and 4."}]]
+    kept = collect.without_questions([case("a", "add  3 and 4."), case("b", "Add 3 and 5.")],
+                                     measured)
+    assert [c.id for c in kept] == ["b"]
+    # The retired executable categories are a source (Python functions like the measured ones').
+    [exec_case] = collect.load_cases(["bfcl:exec_simple"], 1)
+    assert exec_case.source == "bfcl:exec_simple" and exec_case.tools
+
+
+def test_the_collection_log_resumes_and_grows(tmp_path: Path) -> None:
+    log = collect.CollectionLog(tmp_path / "samples.jsonl")
+    assert log.done() == set()
+    cases = [collect.DistillCase(id=f"c{i}", source="bfcl:x", tools=[ADD],
+                                 messages=[{"role": "user", "content": str(i)}]) for i in range(3)]
+    sample = Sample(case_id="c0", source="bfcl:x", request=collect.request_body(cases[0]),
+                    text=TEXT, calls=[CommittedCall(name="add", arguments={"a": 3, "b": 4.5})])
+    log.add(cases[0], sample)
+    log.add(cases[1], None)  # no call committed: not collected again either
+    assert log.done() == {"c0", "c1"}
+    assert collect.read_samples(log.path) == [sample]
+    assert collect.CollectionLog(tmp_path / "samples.jsonl").done() == {"c0", "c1"}
+
+
 def test_the_adapter_config_and_its_check(tmp_path: Path) -> None:
     from app.engine.engine_args import cpu_launch, with_lora
 
