@@ -266,6 +266,13 @@ class SidecarConfig(_Strict):
         "the values wave n-1 found written before it (fixes values that depend on the ones "
         "before, e.g. the second of two numbers); each wave costs about one slot pass.",
     )
+    predict_optional: bool = Field(
+        True,
+        description="'slots' mode: after the slots, one short step decides whether the call "
+        "goes on after its required arguments (the model writes a tool's optional keys all or "
+        "none, mostly), and the prediction leads with the call with every filled key or with "
+        "the required keys alone accordingly (both are drafted either way).",
+    )
     top_k: int = Field(1, ge=1, le=4, description="Alternatives in 'whole' mode.")
     max_tokens: int = Field(256, ge=16, description="Token budget of a 'whole' prediction.")
     slot_max_tokens: int = Field(48, ge=4, description="Token budget of one argument value.")

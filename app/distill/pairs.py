@@ -7,6 +7,9 @@ One collected sample (a request and the call the main model committed for it) be
 - `slot`: per argument the main model wrote, the slot prompt plus the call up to that
   argument's value (`SidecarService._slot_tail`), and as target the value as JSON (plus the
   separator the main model wrote after it for numeric slots, whose regex ends with one);
+- `more`: the slot prompt plus the call up to the end of the main model's required values
+  (`slot_filling.required_prefix`), and as target the token the main model wrote next: a
+  comma when it went on with optional keys (`SidecarService.writes_optional`);
 - `call` (optional): the slot prompt and the main model's whole output (the verifying pass).
 
 The prompt ids come from the sidecar's own functions (`SidecarService.slot_prompt`,
@@ -28,9 +31,9 @@ from app.engine.embedded_model import resolve_model_path
 from app.engine.sidecar import SidecarService
 from app.openai_models import ChatCompletionRequest
 
-PairKind = Literal["name", "slot", "call"]
-KINDS: tuple[PairKind, ...] = ("name", "slot", "call")
-DEFAULT_KINDS: tuple[PairKind, ...] = ("name", "slot")
+PairKind = Literal["name", "slot", "more", "call"]
+KINDS: tuple[PairKind, ...] = ("name", "slot", "more", "call")
+DEFAULT_KINDS: tuple[PairKind, ...] = ("name", "slot", "more")
 
 
 class CommittedCall(BaseModel):
@@ -75,6 +78,14 @@ def slot_target(parameters: dict[str, Any], key: str, value: Any, last: bool) ->
     return " " + text
 
 
+def more_target(parameters: dict[str, Any], arguments: dict[str, Any]) -> str:
+    """What follows the required values in the main model's call: another key, or the end."""
+    required = set(parameters.get("required") or [])
+    if any(k not in required for k in arguments):
+        return ",\n"
+    return f"\n{slot_filling.INDENT}}}"
+
+
 def render_pairs(
     sample: Sample, sidecar: SidecarService, kinds: tuple[PairKind, ...] = DEFAULT_KINDS
 ) -> list[Pair]:
@@ -107,6 +118,14 @@ def render_pairs(
             pairs.append(Pair(case_id=sample.case_id, kind="slot", key=key,
                               prompt_ids=prompt + tail,
                               target_ids=list(encode(target, add_special_tokens=False))))
+    if "more" in kinds:
+        parameters = tools[call.name]
+        upto = slot_filling.required_prefix(mode, call.name, parameters, call.arguments)
+        if upto is not None:
+            target = more_target(parameters, call.arguments)
+            pairs.append(Pair(case_id=sample.case_id, kind="more",
+                              prompt_ids=prompt + list(encode(upto, add_special_tokens=False)),
+                              target_ids=list(encode(target, add_special_tokens=False))[:1]))
     if "call" in kinds:
         pairs.append(Pair(case_id=sample.case_id, kind="call", prompt_ids=prompt,
                           target_ids=list(encode(sample.text, add_special_tokens=False))))

@@ -22,6 +22,7 @@ class Agreement(BaseModel):
     pairs_agree: float | None
     names_agree: float | None  # `name` pairs only
     slots_agree: float | None  # `slot` pairs only
+    more_agree: float | None = None  # `more` pairs only (optional keys or not)
     cases: int
     cases_agree: float | None  # every pair of the case
 
@@ -40,6 +41,7 @@ def agreement(pairs: Sequence[Pair], agrees: Sequence[bool]) -> Agreement:
         pairs_agree=_share(list(agrees)),
         names_agree=_share([a for p, a in zip(pairs, agrees, strict=True) if p.kind == "name"]),
         slots_agree=_share([a for p, a in zip(pairs, agrees, strict=True) if p.kind == "slot"]),
+        more_agree=_share([a for p, a in zip(pairs, agrees, strict=True) if p.kind == "more"]),
         cases=len(by_case),
         cases_agree=_share(list(by_case.values())),
     )
@@ -61,7 +63,8 @@ class TrainingReport(BaseModel):
 def format_report(report: TrainingReport) -> str:
     def line(label: str, a: Agreement) -> str:
         return (f"{label}: cases {a.cases_agree} of {a.cases}, pairs {a.pairs_agree} of "
-                f"{a.pairs} (names {a.names_agree}, slots {a.slots_agree})")
+                f"{a.pairs} (names {a.names_agree}, slots {a.slots_agree}, "
+                f"optional keys {a.more_agree})")
 
     return "\n".join([
         f"trained {report.steps} steps on {report.train_pairs} pairs in "

@@ -6,8 +6,9 @@ Two modes (config `sidecar.mode`):
   fits), then every argument of that tool is filled in parallel (see `slot_filling.py`), from a
   short signature prompt (`sidecar.prompt`); an argument whose value repeats an earlier one's
   (`sidecar.refill_repeats`), or every argument (`sidecar.waves` > 1), is filled again after
-  the values found before it; with `sidecar.verify`, one more drafted pass over the call they
-  make;
+  the values found before it; one token after the required values decides whether the call
+  with the optional keys leads (`sidecar.predict_optional`); with `sidecar.verify`, one more
+  drafted pass over the call they make;
 - `whole`: one generation of the whole invocation constrained to the union over the request's
   tools (plus "no call" when the model may answer without a call); also used for `auto` and for
   parallel calls, which slot filling does not predict.
@@ -124,12 +125,31 @@ class SidecarService:
                 values |= await self._refill(prompt, mode, name, parameters, values, repeats)
         for _ in range(self.config.sidecar.waves - 1):
             values |= await self._refill(prompt, mode, name, parameters, values, keys)
-        drafts = slot_filling.draft_calls(name, parameters, values)
+        more = (await self.writes_optional(prompt, mode, name, parameters, values)
+                if self.config.sidecar.predict_optional else None)
+        drafts = slot_filling.draft_calls(name, parameters, values, optional_first=bool(more))
         if verify:
             verified = await self.verify(prompt, request, mode, name, drafts)
             if verified:
                 return [verified]
         return [[d] for d in drafts]
+
+    async def writes_optional(
+        self, prompt: list[int], mode: str, name: str, parameters: dict[str, Any],
+        values: dict[str, Any],
+    ) -> bool | None:
+        """Whether the call goes on after its required values (one token after them, the
+        prompt mostly in the prefix cache already); None where there is no such point."""
+        text = slot_filling.required_prefix(mode, name, parameters, values)
+        if text is None:
+            return None
+        tail = self.engine.tokenizer.encode(text, add_special_tokens=False)
+        result = await self.engine.generate(
+            prompt + list(tail),
+            {"max_tokens": 1, "temperature": 0.0,
+             "structured_regex": slot_filling.AFTER_VALUE_REGEX},
+        )
+        return slot_filling.goes_on(result.text)
 
     async def _refill(
         self,

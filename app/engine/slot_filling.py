@@ -8,9 +8,10 @@ argument), so no slot rambles. The tool is chosen before, by generating its name
 names' grammar (`names_regex`, `names_left`). The prompt lists the tools as one-line signatures
 (`signature_prompt`): the sidecar's time is mostly its prompt's prefill. A later wave fills
 each argument again after the values found before it (`slot_prefix(before=...)`). The calls the
-slots make (`draft_calls`) are the prediction; optionally (`sidecar.verify`) they draft one
-verifying pass of the whole call, which fixes the values that depend on each other and keeps
-the optional keys the model writes.
+slots make (`draft_calls`) are the prediction, led by the one with the optional keys when one
+more token after the required values says the call goes on (`required_prefix`); optionally
+(`sidecar.verify`) they draft one verifying pass of the whole call, which fixes the values that
+depend on each other and keeps the optional keys the model writes.
 
 Pure: builds prompts' text tails and schemas, assembles the answer; the engine lives elsewhere.
 """
@@ -86,6 +87,36 @@ def slot_prefix(
     )
 
 
+# The token after an argument's value: a comma (another key follows) or the newline and
+# indentation before the closing brace. One token is generated under it (`writes_optional`).
+AFTER_VALUE_REGEX = r"(,|\n[ ]*)"
+
+
+def required_prefix(
+    mode: str, tool_name: str, parameters: dict[str, Any], filled: dict[str, Any]
+) -> str | None:
+    """The main model's output up to the end of the last required value (written from
+    `filled`), where it either goes on with the optional keys or closes the call; None when
+    there is no such point: no optional or no required keys, an optional key before a
+    required one (the model writes keys in schema order), or a required value missing."""
+    keys = slots(parameters)
+    required = set(parameters.get("required") or [])
+    head = [k for k in keys if k in required]
+    if not head or len(head) == len(keys) or keys[: len(head)] != head:
+        return None
+    if any(k not in filled for k in head):
+        return None
+    written = ",\n".join(
+        f'{INDENT * 2}"{k}": {json.dumps(filled[k], ensure_ascii=False)}' for k in head
+    )
+    return f'{name_prefix(mode)}{tool_name}",\n{INDENT}"arguments": {{\n{written}'
+
+
+def goes_on(text: str) -> bool:
+    """Whether the token generated after `required_prefix` continues the call (a comma)."""
+    return text.startswith(",")
+
+
 def slots(parameters: dict[str, Any], optional: bool = True) -> list[str]:
     """Argument slots to predict, in schema order: every property (optional ones too: their
     values are filled beside the required ones; whether the model writes them is left to the
@@ -96,13 +127,13 @@ def slots(parameters: dict[str, Any], optional: bool = True) -> list[str]:
 
 
 def draft_calls(
-    name: str, parameters: dict[str, Any], filled: dict[str, Any]
+    name: str, parameters: dict[str, Any], filled: dict[str, Any], optional_first: bool = False
 ) -> list[PredictedCall]:
     """The calls tool `name`'s filled slots make: the required keys alone, then every filled
-    key (optional ones included) when there are optional ones. A required slot left unfilled
-    (cut short by its budget) gets a placeholder of its type. Drafts, not answers: the
-    verifying pass writes its own value where a draft's is wrong, and keeps the optional keys
-    the model does write."""
+    key (optional ones included) when there are optional ones; that one first with
+    `optional_first`. A required slot left unfilled (cut short by its budget) gets a
+    placeholder of its type. Drafts, not answers: the verifying pass writes its own value
+    where a draft's is wrong, and keeps the optional keys the model does write."""
     required = set(parameters.get("required") or [])
     properties = parameters.get("properties") or {}
     arguments = {
@@ -113,7 +144,8 @@ def draft_calls(
     bare = {k: v for k, v in arguments.items() if k in required}
     drafts = [PredictedCall(name=name, arguments=bare)]
     if bare != arguments:
-        drafts.append(PredictedCall(name=name, arguments=arguments))
+        full = PredictedCall(name=name, arguments=arguments)
+        drafts = [full, *drafts] if optional_first else [*drafts, full]
     return drafts
 
 

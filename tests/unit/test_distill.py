@@ -76,8 +76,8 @@ def test_pairs_are_the_sidecars_own_prompts_and_the_main_models_values() -> None
     request = ChatCompletionRequest.model_validate(s.request)
     prompt = sidecar.slot_prompt(request)
     assert [(p.kind, p.key) for p in pairs] == [
-        ("name", None), ("slot", "a"), ("slot", "b"), ("call", None)]
-    name, a, b, call = pairs
+        ("name", None), ("slot", "a"), ("slot", "b"), ("more", None), ("call", None)]
+    name, a, b, more, call = pairs
     assert name.prompt_ids == prompt + encode(slot_filling.name_prefix("required"),
                                               add_special_tokens=False)
     assert decode(name.target_ids) == 'add"'
@@ -86,6 +86,11 @@ def test_pairs_are_the_sidecars_own_prompts_and_the_main_models_values() -> None
     assert decode(a.target_ids) == "3,"
     assert b.prompt_ids == prompt + sidecar._slot_tail("required", "add", params, "b")
     assert decode(b.target_ids) == "4.5\n"
+    # After the required values the main model closed the call: no optional keys.
+    assert decode(more.prompt_ids).endswith('"a": 3,\n        "b": 4.5')
+    assert more.prompt_ids[:len(prompt)] == prompt
+    assert more.target_ids == encode("\n    }", add_special_tokens=False)[:1]
+    assert decode(more.target_ids).startswith("\n")
     assert call.prompt_ids == prompt and decode(call.target_ids) == TEXT
     # The signature prompt (sidecar.prompt: signatures), not the main model's JSON listing.
     assert "add(a: integer, b: number, note?: string) - Add two numbers" in decode(prompt)
@@ -96,10 +101,13 @@ def test_which_pairs_a_sample_makes() -> None:
     # One tool: no choice to learn; the optional key the main model wrote is a slot too.
     kinds = [(p.kind, p.key) for p in render_pairs(
         sample([ADD], {"a": 1, "b": 2, "note": "x"}), sidecar)]
-    assert kinds == [("slot", "a"), ("slot", "b"), ("slot", "note")]
+    assert kinds == [("slot", "a"), ("slot", "b"), ("slot", "note"), ("more", None)]
+    [more] = [p for p in render_pairs(sample([ADD], {"a": 1, "b": 2, "note": "x"}), sidecar)
+              if p.kind == "more"]
+    assert tokenizer().decode(more.target_ids) == ","  # it went on with the optional key
     # A named tool: nothing to choose either, and the call opens without a list.
     named = {"type": "function", "function": {"name": "add"}}
-    [pair, _] = render_pairs(sample([ADD, CITY], {"a": 1, "b": 2}, choice=named), sidecar)
+    [pair, _, _] = render_pairs(sample([ADD, CITY], {"a": 1, "b": 2}, choice=named), sidecar)
     assert tokenizer().decode(pair.prompt_ids).endswith('{\n    "name": "add",\n    '
                                                         '"arguments": {\n        "a": ')
     # Nothing to learn from: a call of a tool the request does not offer, auto mode.

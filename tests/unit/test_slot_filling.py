@@ -33,6 +33,28 @@ def test_draft_calls_with_and_without_optional_keys() -> None:
     assert sf.placeholder({"enum": ["c", "f"]}) == "c"
 
 
+def test_the_call_with_optional_keys_leads_when_the_model_goes_on() -> None:
+    params = {"type": "object", "required": ["city", "days"], "properties": {
+        "city": {"type": "string"}, "days": {"type": "integer"}, "unit": {"type": "string"}}}
+    filled = {"city": "Paris", "days": 3, "unit": "c"}
+    assert [d.arguments for d in sf.draft_calls("weather", params, filled, optional_first=True)
+            ] == [filled, {"city": "Paris", "days": 3}]
+    # Up to the end of the last required value, in the main model's style.
+    text = sf.required_prefix("required", "weather", params, filled)
+    assert text == ('[\n{\n    "name": "weather",\n    "arguments": {\n'
+                    '        "city": "Paris",\n        "days": 3')
+    assert sf.slot_prefix("required", "weather", "unit", before={"city": "Paris", "days": 3}
+                          ).startswith(text + ",\n")
+    assert sf.goes_on(",") and not sf.goes_on("\n   ")
+    # No decision point: no optional keys, none required, an optional key first (keys come
+    # in schema order), or a required value missing.
+    assert sf.required_prefix("required", "w", {**params, "required": ["city", "days", "unit"]},
+                              filled) is None
+    assert sf.required_prefix("required", "w", {**params, "required": []}, filled) is None
+    assert sf.required_prefix("required", "weather", PARAMS, filled) is None  # unit before days
+    assert sf.required_prefix("required", "w", params, {"city": "Paris"}) is None
+
+
 def test_common_prefix_len() -> None:
     assert sf.common_prefix_len([[1, 2, 3], [1, 2, 4], [1, 2]]) == 2
     assert sf.common_prefix_len([[5], [6]]) == 0
