@@ -75,3 +75,36 @@ def test_the_verifying_pass_answers_one_call_of_the_chosen_tool(sidecar: Sidecar
     assert prediction.error is None
     [[call]] = prediction.candidates
     assert validate_arguments(call.arguments, schemas[call.name]) == []
+
+
+@pytest.mark.parametrize(("prompt", "mode"), [
+    ("How warm is it in Tokyo right now, in fahrenheit?", "required"),
+    ("What's the weather in Paris?", "named"),
+    ("Find me a flight from SFO to JFK on 2026-12-24 for 2 people.", "named"),
+])
+def test_the_call_with_optional_keys_leads_when_the_model_goes_on(
+    sidecar: SidecarService, prompt: str, mode: str
+) -> None:
+    named = "search_flights" if "flight" in prompt else "get_weather"
+    req = request(prompt, {"type": "function", "function": {"name": named}}
+                  if mode == "named" else "required")
+    prediction = asyncio.run(sidecar.predict(req))
+    assert prediction.error is None and prediction.candidates
+    [first] = prediction.candidates[0]
+    tools = req.tool_schemas()
+    parameters = tools[first.name]
+    required = set(parameters["required"])
+    filled = {k: v for [c] in prediction.candidates for k, v in c.arguments.items()}
+    head = sidecar.slot_prompt(req)
+    more = asyncio.run(sidecar.writes_optional(head, mode, first.name, parameters, filled))
+    assert more is not None  # every tool here has its optional keys after the required ones
+    # The one token is the model's own next token whenever that is a comma or a newline.
+    upto = slot_filling.required_prefix(mode, first.name, parameters, filled)
+    assert upto is not None
+    free = asyncio.run(sidecar.engine.generate(
+        head + sidecar.engine.tokenizer.encode(upto, add_special_tokens=False),
+        {"max_tokens": 1, "temperature": 0.0}))
+    if free.text.startswith((",", "\n")):
+        assert more == free.text.startswith(",")
+    # The prediction leads with the call with the optional keys exactly when the call goes on.
+    assert (set(first.arguments) != required) == (more and len(prediction.candidates) > 1)
