@@ -65,6 +65,8 @@ class Pair(BaseModel):
     key: str | None = None  # the argument of a `slot` pair
     prompt_ids: list[int]
     target_ids: list[int]
+    # A `name` pair: every offered name as its target would be (the grammar's choices).
+    choices: list[list[int]] | None = None
 
 
 def slot_target(parameters: dict[str, Any], key: str, value: Any, last: bool) -> str:
@@ -106,8 +108,10 @@ def render_pairs(
     pairs: list[Pair] = []
     if "name" in kinds and mode != "named" and len(tools) > 1:
         head = prompt + list(encode(slot_filling.name_prefix(mode), add_special_tokens=False))
+        choices = [list(encode(n + '"', add_special_tokens=False)) for n in tools]
         pairs.append(Pair(case_id=sample.case_id, kind="name", prompt_ids=head,
-                          target_ids=list(encode(call.name + '"', add_special_tokens=False))))
+                          target_ids=list(encode(call.name + '"', add_special_tokens=False)),
+                          choices=choices))
     if "slot" in kinds:
         parameters = tools[call.name]
         keys = [k for k in slot_filling.slots(parameters) if k in call.arguments]

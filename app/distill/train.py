@@ -169,9 +169,29 @@ def target_logits(model: Any, pairs: Sequence[Pair], states: Sequence[Any]) -> t
     return logits, torch.tensor(targets)
 
 
+def allowed_tokens(choices: Sequence[Sequence[int]], target: Sequence[int], position: int
+                   ) -> list[int]:
+    """The tokens the names' grammar allows at `position` of `target`: the next token of
+    every choice that agrees with the target so far."""
+    return sorted({c[position] for c in choices
+                   if len(c) > position and list(c[:position]) == list(target[:position])})
+
+
+def _agrees(pair: Pair, logits: Any) -> bool:
+    """`logits`: one row per target token of `pair`."""
+    for j, token in enumerate(pair.target_ids):
+        allowed = allowed_tokens(pair.choices, pair.target_ids, j) if pair.choices else []
+        best = allowed[int(logits[j, allowed].argmax())] if allowed else int(logits[j].argmax())
+        if best != token:
+            return False
+    return True
+
+
 def greedy_agrees(model: Any, pairs: Sequence[Pair], states: Sequence[Any],
                   batch_size: int = 8) -> list[bool]:
-    """Per pair: the model's argmax at every target position is the target token."""
+    """Per pair: the model's argmax at every target position is the target token; for a
+    `name` pair, the argmax among the tokens the names' grammar allows there (what
+    `SidecarService.choose` generates, on the names' own tokenization)."""
     import torch
 
     out: list[bool] = []
@@ -179,11 +199,11 @@ def greedy_agrees(model: Any, pairs: Sequence[Pair], states: Sequence[Any],
     with torch.no_grad():
         for first in range(0, len(pairs), batch_size):
             chunk = pairs[first:first + batch_size]
-            logits, targets = target_logits(model, chunk, states[first:first + batch_size])
-            right = (logits.argmax(-1) == targets).tolist()
+            logits, _ = target_logits(model, chunk, states[first:first + batch_size])
+            row = 0
             for p in chunk:
-                out.append(all(right[:len(p.target_ids)]))
-                right = right[len(p.target_ids):]
+                out.append(_agrees(p, logits[row:row + len(p.target_ids)]))
+                row += len(p.target_ids)
     return out
 
 

@@ -78,6 +78,8 @@ def test_pairs_are_the_sidecars_own_prompts_and_the_main_models_values() -> None
     assert [(p.kind, p.key) for p in pairs] == [
         ("name", None), ("slot", "a"), ("slot", "b"), ("more", None), ("call", None)]
     name, a, b, more, call = pairs
+    assert name.choices == [encode('add"', add_special_tokens=False),
+                            encode('weather"', add_special_tokens=False)]
     assert name.prompt_ids == prompt + encode(slot_filling.name_prefix("required"),
                                               add_special_tokens=False)
     assert decode(name.target_ids) == 'add"'
@@ -117,6 +119,25 @@ def test_which_pairs_a_sample_makes() -> None:
 
 def pair(case_id: str, prompt: list[int], target: list[int], kind: Any = "slot") -> Pair:
     return Pair(case_id=case_id, kind=kind, prompt_ids=prompt, target_ids=target)
+
+
+def test_a_name_agrees_when_the_names_grammar_leads_greedy_to_it() -> None:
+    import torch
+
+    from app.distill.train import _agrees, allowed_tokens
+
+    choices = [[5, 6, 9], [5, 7, 9], [8, 9]]  # three names' tokens
+    assert allowed_tokens(choices, [5, 7, 9], 0) == [5, 8]
+    assert allowed_tokens(choices, [5, 7, 9], 1) == [6, 7]
+    assert allowed_tokens(choices, [5, 7, 9], 2) == [9]
+    name = Pair(case_id="c", kind="name", prompt_ids=[1], target_ids=[5, 7, 9], choices=choices)
+    logits = torch.zeros(3, 12)
+    logits[0, 3] = logits[0, 5] = logits[1, 7] = 1.0  # token 3 is not a name's: masked out
+    logits[1, 2] = 5.0  # neither is 2
+    assert _agrees(name, logits)
+    assert not _agrees(name.model_copy(update={"choices": None}), logits)  # unconstrained
+    logits[1, 6] = 2.0  # the grammar allows 6 there: greedy takes another name
+    assert not _agrees(name, logits)
 
 
 def test_split_keeps_a_case_on_one_side_and_is_seeded() -> None:
