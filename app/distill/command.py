@@ -80,7 +80,9 @@ def run(args: argparse.Namespace) -> int:
     samples_path = Path(args.samples) if args.samples else out / "samples.jsonl"
     if not args.samples:
         collect_samples(config, args, samples_path)
-    samples = read_samples(samples_path)
+    # In case order, not the order the collection finished them in: the pairs' order is the
+    # training's batch order, so the same samples give the same adapter.
+    samples = sorted(read_samples(samples_path), key=lambda s: s.case_id)
     sidecar = offline_sidecar(config)
     kinds: Any = tuple(args.kinds.split(","))
     pairs = [p for s in samples for p in render_pairs(s, sidecar, kinds)]
@@ -97,7 +99,9 @@ def run(args: argparse.Namespace) -> int:
                              layers=args.layers or None,
                              modules=tuple(args.modules.split(",")))
     report = run_training(resolve_model_path(config.sidecar.engine.model), train_pairs,
-                          held_out, out, settings, progress=not args.no_progress)
+                          held_out, out, settings, progress=not args.no_progress,
+                          ray_workers=args.workers if args.trainer == "ray" else None,
+                          use_gpu=args.gpu)
     print(format_report(report))
     served = out / Path(args.config).name
     served.write_text(serve_config_with_adapter(Path(args.config).read_text(encoding="utf-8"),
@@ -153,4 +157,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "costs the sidecar time)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--checkpoint-every", type=int, default=50)
+    parser.add_argument("--trainer", choices=("local", "ray"), default="local",
+                        help="local: this process; ray: a Ray Train job (TorchTrainer) on the "
+                        "Ray cluster this machine is connected to (RAY_ADDRESS) or a local one")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="--trainer ray: training workers (--batch-size is split among "
+                        "them)")
+    parser.add_argument("--gpu", action="store_true",
+                        help="--trainer ray: one GPU per worker")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")

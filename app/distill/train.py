@@ -134,13 +134,14 @@ def trunk_states(model: Any, pairs: Sequence[Pair], pad_id: int, batch_size: int
     import torch
 
     start = _first_adapted(model)
+    device = next(model.parameters()).device
     states: list[Any] = []
     with torch.no_grad(), _stack(model, start, top=False) as decoder:
         for first in range(0, len(pairs), batch_size):
             chunk = pairs[first:first + batch_size]
             batch = collate(chunk, pad_id)
-            hidden = decoder(input_ids=batch["input_ids"],
-                             attention_mask=batch["attention_mask"]).last_hidden_state
+            hidden = decoder(input_ids=batch["input_ids"].to(device),
+                             attention_mask=batch["attention_mask"].to(device)).last_hidden_state
             states.extend(hidden[i, :len(p.prompt_ids) + len(p.target_ids)].clone()
                           for i, p in enumerate(chunk))
     return states
@@ -152,8 +153,9 @@ def target_logits(model: Any, pairs: Sequence[Pair], states: Sequence[Any]) -> t
     import torch
 
     size = max(len(s) for s in states)
-    padded = torch.zeros(len(states), size, states[0].shape[-1])
-    mask = torch.zeros(len(states), size, dtype=torch.long)
+    device = states[0].device
+    padded = torch.zeros(len(states), size, states[0].shape[-1], device=device)
+    mask = torch.zeros(len(states), size, dtype=torch.long, device=device)
     rows: list[int] = []
     positions: list[int] = []
     targets: list[int] = []
@@ -165,8 +167,9 @@ def target_logits(model: Any, pairs: Sequence[Pair], states: Sequence[Any]) -> t
         targets.extend(p.target_ids)
     with _stack(model, _first_adapted(model), top=True) as decoder:
         hidden = decoder(inputs_embeds=padded, attention_mask=mask).last_hidden_state
-    logits = model.get_base_model().lm_head(hidden[torch.tensor(rows), torch.tensor(positions)])
-    return logits, torch.tensor(targets)
+    at = (torch.tensor(rows, device=device), torch.tensor(positions, device=device))
+    logits = model.get_base_model().lm_head(hidden[at])
+    return logits, torch.tensor(targets, device=device)
 
 
 def allowed_tokens(choices: Sequence[Sequence[int]], target: Sequence[int], position: int
@@ -282,10 +285,12 @@ def train(
 
 def run_training(
     model_path: str, train_pairs: Sequence[Pair], held_out: Sequence[Pair], out: Path,
-    settings: TrainSettings, progress: bool = True,
+    settings: TrainSettings, progress: bool = True, ray_workers: int | None = None,
+    use_gpu: bool = False,
 ) -> Any:
-    """Load, measure the held-out agreement without the adapter, train, measure again; writes
-    and returns the `TrainingReport`."""
+    """Load, measure the held-out agreement without the adapter, train (here, or as a Ray
+    Train job of `ray_workers` workers: `ray_job.py`), measure again; writes and returns the
+    `TrainingReport`."""
     from transformers import AutoTokenizer
 
     from app.distill.report import TrainingReport, agreement, report_json
@@ -297,8 +302,19 @@ def run_training(
     with model.disable_adapter():
         before = agreement(held_out, greedy_agrees(model, held_out, held_out_states))
     started = time.perf_counter()
-    train_states = trunk_states(model, train_pairs, pad_id)
-    loss = train(model, train_pairs, train_states, out, settings, progress)
+    if ray_workers:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        from app.distill.ray_job import train_on_ray
+
+        loss = train_on_ray(model_path, train_pairs, pad_id, out, settings, ray_workers,
+                            use_gpu)
+        set_peft_model_state_dict(model, load_file(str(out / ADAPTER /
+                                                       "adapter_model.safetensors")))
+    else:
+        train_states = trunk_states(model, train_pairs, pad_id)
+        loss = train(model, train_pairs, train_states, out, settings, progress)
     seconds = time.perf_counter() - started
     after = agreement(held_out, greedy_agrees(model, held_out, held_out_states))
     report = TrainingReport(seed=settings.seed, steps=settings.steps,
