@@ -33,7 +33,8 @@ from app.openai_models import ChatCompletionRequest
 
 PairKind = Literal["name", "slot", "more", "call"]
 KINDS: tuple[PairKind, ...] = ("name", "slot", "more", "call")
-DEFAULT_KINDS: tuple[PairKind, ...] = ("name", "slot", "more")
+# `name` pairs only with `sidecar.lora.tool_choice` on: by default the base model chooses.
+DEFAULT_KINDS: tuple[PairKind, ...] = ("slot", "more")
 
 
 class CommittedCall(BaseModel):

@@ -101,7 +101,13 @@ class SidecarService:
         name = names[0]
         if len(names) > 1:
             head = prompt + encode(slot_filling.name_prefix(mode), add_special_tokens=False)
-            name = await self.choose(head, names)
+            lora = self.config.sidecar.lora
+            # The choice with the base model unless the adapter is meant for it too.
+            adapter = USE_ADAPTER.set(USE_ADAPTER.get() and (lora is None or lora.tool_choice))
+            try:
+                name = await self.choose(head, names)
+            finally:
+                USE_ADAPTER.reset(adapter)
         parameters = tools[name] or {}
         keys = slot_filling.slots(parameters)
         if len(keys) > self.config.limits.max_sidecar_slots:

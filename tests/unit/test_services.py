@@ -4,6 +4,7 @@ the turn contract (TurnDelta/TurnResult/TurnError) and the sidecar's prediction,
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -148,3 +149,37 @@ async def test_the_sidecar_reports_no_call_cut_short_and_failure() -> None:
 async def test_the_sidecar_has_nothing_to_say_without_tools() -> None:
     out = await sidecar("unused").predict(chat(tool_choice="none"))
     assert out.no_call and out.candidates == []
+
+
+class AdapterRecordingEngine(FakeEngine):
+    """Records, per engine request, whether it carries the adapter (`USE_ADAPTER`)."""
+
+    def __init__(self, pieces: list[str]) -> None:
+        super().__init__(pieces)
+        self.tokenizer = SimpleNamespace(encode=lambda text, add_special_tokens=False: [7] * 3)
+        self.adapter: list[tuple[bool, str | None]] = []
+
+    def stream(self, prompt_token_ids: list[int], sampling: dict[str, Any],
+               *args: Any, **kwargs: Any) -> Any:
+        from app.engine.vllm_engine import USE_ADAPTER
+
+        self.adapter.append((USE_ADAPTER.get(), sampling.get("structured_regex")))
+        return super().stream(prompt_token_ids, sampling, *args, **kwargs)
+
+
+@pytest.mark.parametrize("tool_choice", [False, True])
+async def test_the_tool_choice_uses_the_adapter_only_when_configured(tool_choice: bool) -> None:
+    from app.engine.slot_filling import names_regex
+
+    other = {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"zone": {"type": "string"}}}}}
+    service = SidecarService(AppConfig.model_validate({"sidecar": {"lora": {
+        "path": "adapter", "tool_choice": tool_choice}}}))
+    engine = AdapterRecordingEngine(['get_weather"'])
+    service.engine = engine  # type: ignore[assignment]
+    prediction = await service.predict(chat(tools=[WEATHER, other], tool_choice="required"))
+    assert prediction.candidates and prediction.candidates[0][0].name == "get_weather"
+    regex = names_regex(["get_weather", "get_time"])
+    [choice] = [used for used, pattern in engine.adapter if pattern == regex]
+    assert choice is tool_choice
+    assert all(used for used, pattern in engine.adapter if pattern != regex)  # the slots
