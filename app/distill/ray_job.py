@@ -36,6 +36,7 @@ from app.distill.train import (
     _save_checkpoint,
     batch_indices,
     load_model,
+    portable_adapter,
     target_logits,
     trunk_states,
 )
@@ -132,5 +133,6 @@ def train_on_ray(
     with result.checkpoint.as_directory() as folder:
         for name in PEFT_FILES:
             shutil.copy2(Path(folder) / name, adapter / name)
+    portable_adapter(adapter)
     loss = (result.metrics or {}).get("loss")
     return float(loss) if loss is not None else None

@@ -280,7 +280,21 @@ def train(
             _save_checkpoint(model, optimizer, step, loss_value, checkpoint)
     bar.close()
     model.save_pretrained(out / ADAPTER)
+    portable_adapter(out / ADAPTER)
     return loss_value
+
+
+def portable_adapter(folder: Path) -> None:
+    """The adapter without this machine's paths: PEFT records the base model's folder
+    (`base_model_name_or_path`, and in the model card it writes beside): the folder's name is
+    kept, the card dropped. Neither vLLM nor PEFT reads them to load the adapter."""
+    config_file = folder / "adapter_config.json"
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    base = config.get("base_model_name_or_path")
+    if base:
+        config["base_model_name_or_path"] = Path(base).name
+    config_file.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    (folder / "README.md").unlink(missing_ok=True)
 
 
 def run_training(

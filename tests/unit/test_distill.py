@@ -253,7 +253,11 @@ def test_training_is_seeded_resumable_and_learns_the_pairs(tiny_model: str,
     assert report.after.pairs_agree > 0 and report.after.cases_agree > 0
     assert json.loads((tmp_path / "one" / "report.json").read_text())["steps"] == 40
     adapter = tmp_path / "one" / "adapter"
-    assert json.loads((adapter / "adapter_config.json").read_text())["r"] == 8
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    assert config["r"] == 8
+    # No path of this machine in what may be shipped: the base model's folder name only.
+    assert config["base_model_name_or_path"] == Path(tiny_model).name
+    assert not (adapter / "README.md").exists()
     # The same seed, stopped after 20 steps and resumed from the checkpoint: the same adapter.
     _train(tiny_model, tmp_path / "two", steps=20)
     assert json.loads((tmp_path / "two" / "checkpoint" / "state.json").read_text())["step"] == 20
