@@ -35,9 +35,9 @@ from app.distill.train import (
     _load_checkpoint,
     _save_checkpoint,
     batch_indices,
+    batch_loss,
     load_model,
     portable_adapter,
-    target_logits,
     trunk_states,
 )
 
@@ -83,9 +83,7 @@ def train_loop(config: dict[str, Any]) -> None:
     model.train()
     while step < settings.steps:
         chosen = batch_indices(len(mine), per_worker, step, settings.seed)
-        logits, targets = target_logits(model, [mine[i] for i in chosen],
-                                        [states[i] for i in chosen])
-        loss = torch.nn.functional.cross_entropy(logits, targets.to(device))
+        loss = batch_loss(model, mine, states, chosen)
         loss.backward()
         if workers > 1:
             for p in trainable:

@@ -180,6 +180,16 @@ def allowed_tokens(choices: Sequence[Sequence[int]], target: Sequence[int], posi
                    if len(c) > position and list(c[:position]) == list(target[:position])})
 
 
+def batch_loss(model: Any, pairs: Sequence[Pair], states: Sequence[Any],
+               chosen: Sequence[int]) -> Any:
+    """The cross-entropy of the top layers on the target tokens of pairs `chosen`."""
+    import torch
+
+    logits, targets = target_logits(model, [pairs[i] for i in chosen],
+                                    [states[i] for i in chosen])
+    return torch.nn.functional.cross_entropy(logits, targets)
+
+
 def _agrees(pair: Pair, logits: Any) -> bool:
     """`logits`: one row per target token of `pair`."""
     for j, token in enumerate(pair.target_ids):
@@ -264,9 +274,7 @@ def train(
                disable=not progress)
     while step < settings.steps:
         chosen = batch_indices(len(pairs), settings.batch_size, step, settings.seed)
-        logits, targets = target_logits(model, [pairs[i] for i in chosen],
-                                        [states[i] for i in chosen])
-        loss = torch.nn.functional.cross_entropy(logits, targets)
+        loss = batch_loss(model, pairs, states, chosen)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
