@@ -289,7 +289,9 @@ class VllmEngine:
         lora_errors = lora.errors()
         if lora_errors:
             raise EngineError("; ".join(lora_errors))
-        missing = uncovered(adapter_runtime_modules(path, self.model_path), self.lora_modules)
+        # With every layer wrapped (`modules: all`) any adapter fits: nothing to read.
+        missing = ([] if self.lora_modules is None else
+                   uncovered(adapter_runtime_modules(path, self.model_path), self.lora_modules))
         if missing:
             # vLLM would silently leave those layers of the adapter out.
             raise EngineError(
