@@ -10,9 +10,11 @@ questions. Outputs cut short by max_tokens commit no call and are left out.
 Sources (`load_cases`): BFCL categories other than the measured ones (`MEASURED`, refused
 here, and any case whose question is word for word a measured one's is dropped, so no measured
 question is ever trained on), among them the retired executable categories (`exec_simple`,
-`exec_multiple`, ...: Python functions like the measured ones'). Not yet: the agent scenarios
-(their tools come from a running server's `GET /v1/tools`), synthetic tool sets from JSON
-Schemas, and the router's history store. The BFCL loader of load_tests/ is imported when asked
+`exec_multiple`, ...: Python functions like the measured ones'), and synthetic tool sets
+(`toolsets:<category>`: each question with its own tools plus a few other questions' JSON
+Schemas, so the main model chooses among tools it was not asked about). Not yet: the agent
+scenarios (their tools come from a running server's `GET /v1/tools`) and the router's history
+store. The BFCL loader of load_tests/ is imported when asked
 for: the command runs from the repository root, as `ooo-spec bench` does.
 
 Collection is a log (`CollectionLog`): each case's sample is appended as soon as it is done
@@ -23,14 +25,16 @@ Collection is a log (`CollectionLog`): each case's sample is appended as soon as
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import random
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from app.distill.pairs import CommittedCall, Sample
+from app.distill.pairs import TOOLSETS_PREFIX, CommittedCall, Sample
 from app.engine.main_model import MainModelService
 from app.openai_models import ChatCompletionRequest
 
@@ -39,6 +43,8 @@ MEASURED = frozenset({"simple_python", "multiple"})
 DEFAULT_SOURCES = ("bfcl:parallel", "bfcl:parallel_multiple", "bfcl:live_simple",
                    "bfcl:live_multiple")
 MAX_TOKENS = 256  # the benchmark's
+# Tools added to a question's own in a synthetic tool set: BFCL's `multiple` offers 2 to 4.
+MAX_DISTRACTORS = 3
 
 
 class DistillCase(BaseModel):
@@ -60,21 +66,47 @@ def request_body(case: DistillCase) -> dict[str, Any]:
 
 
 def load_cases(sources: Sequence[str], limit: int | None) -> list[DistillCase]:
-    """Up to `limit` cases per source `bfcl:<category>`, none with a measured question."""
+    """Up to `limit` cases per source, none with a measured question: `bfcl:<category>`, or
+    `toolsets:<category>` (that category's questions with synthetic tool sets,
+    `with_distractors`)."""
     from load_tests.bfcl import load_bfcl
 
     cases: list[DistillCase] = []
     for source in sources:
-        if source.startswith("bfcl:"):
-            category = source.removeprefix("bfcl:")
-            if category in MEASURED:
-                raise ValueError(f"{source}: measured by the benchmark, never trained on")
-            cases += [DistillCase(id=c.id, source=source, messages=c.messages, tools=c.tools)
-                      for c in load_bfcl(category, limit)]
-        else:
-            raise ValueError(f"unknown source {source!r}: bfcl:<category>")
+        kind, _, category = source.partition(":")
+        if kind not in ("bfcl", "toolsets") or not category:
+            raise ValueError(f"unknown source {source!r}: bfcl:<category> or "
+                             "toolsets:<category>")
+        if category in MEASURED:
+            raise ValueError(f"{source}: measured by the benchmark, never trained on")
+        loaded = [DistillCase(id=c.id, source=source, messages=c.messages, tools=c.tools)
+                  for c in load_bfcl(category, limit)]
+        if kind == "toolsets":
+            # Distractors from the whole category, not only the first `limit` cases.
+            pool = [t for c in load_bfcl(category) for t in c.tools]
+            loaded = [with_distractors(c, pool) for c in loaded]
+        cases += loaded
     measured = [c.messages for category in sorted(MEASURED) for c in load_bfcl(category)]
     return without_questions(cases, measured)
+
+
+def with_distractors(case: DistillCase, pool: Sequence[dict[str, Any]],
+                     most: int = MAX_DISTRACTORS) -> DistillCase:
+    """`case` with a synthetic tool set: its own tools plus 1 to `most` tools of `pool` (other
+    questions' JSON Schemas) that it does not name, shuffled, as BFCL's `multiple` builds a
+    case. Drawn from a hash of the case id, so the same case always gets the same set. The
+    main model then chooses among them: its choice is the name pair, its arguments the slots
+    of the tool it chose."""
+    rng = random.Random(hashlib.sha256(case.id.encode()).digest())
+    own = {t["function"]["name"] for t in case.tools}
+    others = sorted({t["function"]["name"]: t for t in pool
+                     if t["function"]["name"] not in own}.items())
+    if not others:
+        return case
+    picked = [t for _, t in rng.sample(others, min(len(others), rng.randint(1, most)))]
+    tools = [*case.tools, *picked]
+    rng.shuffle(tools)
+    return case.model_copy(update={"id": TOOLSETS_PREFIX + case.id, "tools": tools})
 
 
 def question(messages: Sequence[dict[str, Any]]) -> str:

@@ -69,7 +69,7 @@ def collect_samples(config: AppConfig, args: argparse.Namespace, path: Path) -> 
 
 def run(args: argparse.Namespace) -> int:
     from app.distill.collect import read_samples
-    from app.distill.pairs import offline_sidecar, render_pairs, split
+    from app.distill.pairs import balance_more, offline_sidecar, render_pairs, split
     from app.distill.report import format_report
     from app.distill.train import ADAPTER, TrainSettings, run_training
     from app.engine.embedded_model import resolve_model_path
@@ -90,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
              <= config.sidecar.engine.max_model_len]
     (out / "pairs.jsonl").write_text("".join(p.model_dump_json() + "\n" for p in pairs))
     train_pairs, held_out = split(pairs, args.held_out, args.seed)
+    train_pairs = balance_more(train_pairs, args.seed)  # held out: as the sources give them
     _say(f"ooo-spec: {len(pairs)} pairs from {len(samples)} calls: {len(train_pairs)} to train "
          f"on, {len(held_out)} held out")
     settings = TrainSettings(steps=args.steps, batch_size=args.batch_size,
@@ -135,8 +136,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", default=None,
                         help="collected samples (JSON Lines) to use instead of collecting")
     parser.add_argument("--sources", default=",".join(DEFAULT_SOURCES),
-                        help="comma-separated bfcl:<category> sources; the benchmark's "
-                        "simple_python and multiple are refused")
+                        help="comma-separated sources: bfcl:<category> (BFCL's cases), "
+                        "toolsets:<category> (its questions with synthetic tool sets: their "
+                        "own tools plus other questions'); the benchmark's simple_python and "
+                        "multiple are refused")
     parser.add_argument("--limit", type=int, default=40, help="cases per source (default 40)")
     parser.add_argument("--concurrency", type=int, default=4,
                         help="requests the main engine decodes at once while collecting")

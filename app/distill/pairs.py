@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -35,6 +36,8 @@ PairKind = Literal["name", "slot", "more", "call"]
 KINDS: tuple[PairKind, ...] = ("name", "slot", "more", "call")
 # `name` pairs only with `sidecar.lora.tool_choice` on: by default the base model chooses.
 DEFAULT_KINDS: tuple[PairKind, ...] = ("slot", "more")
+# The case id of a question asked with a synthetic tool set (`collect.with_distractors`).
+TOOLSETS_PREFIX = "toolsets_"
 
 
 class CommittedCall(BaseModel):
@@ -138,9 +141,11 @@ def render_pairs(
 
 
 def is_held_out(case_id: str, share: float, seed: int) -> bool:
-    """A case's side of the split, from a hash of its id and the seed: the same on every run
-    and machine, and all pairs of one case on the same side."""
-    digest = hashlib.sha256(f"{seed}:{case_id}".encode()).digest()
+    """A case's side of the split, from a hash of its question's id and the seed: the same on
+    every run and machine, all pairs of one case on the same side, and a question asked with
+    a synthetic tool set on the same side as the question itself."""
+    question = case_id.removeprefix(TOOLSETS_PREFIX)
+    digest = hashlib.sha256(f"{seed}:{question}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64 < share
 
 
@@ -149,6 +154,24 @@ def split(pairs: list[Pair], share: float, seed: int) -> tuple[list[Pair], list[
     train = [p for p in pairs if not is_held_out(p.case_id, share, seed)]
     held = [p for p in pairs if is_held_out(p.case_id, share, seed)]
     return train, held
+
+
+def balance_more(pairs: list[Pair], seed: int) -> list[Pair]:
+    """`pairs` with as many `more` pairs that go on as that close (a seeded draw from the
+    larger side, order kept). How often a call goes on with optional keys depends on the
+    sources' tools (85% on BFCL `parallel`, near half on the measured categories); trained
+    unbalanced, the adapter learns the mix of sources rather than when the main model goes
+    on."""
+    more = [i for i, p in enumerate(pairs) if p.kind == "more"]
+    sides: dict[int, list[int]] = {}
+    for i in more:
+        sides.setdefault(pairs[i].target_ids[0], []).append(i)
+    if len(sides) != 2:
+        return pairs
+    keep = min(len(side) for side in sides.values())
+    rng = random.Random(seed)
+    kept = {i for side in sides.values() for i in rng.sample(side, keep)}
+    return [p for i, p in enumerate(pairs) if p.kind != "more" or i in kept]
 
 
 def offline_sidecar(config: AppConfig, tokenizer: Any | None = None) -> SidecarService:

@@ -19,6 +19,8 @@ from app.distill.pairs import (
     CommittedCall,
     Pair,
     Sample,
+    balance_more,
+    is_held_out,
     offline_sidecar,
     render_pairs,
     slot_target,
@@ -300,6 +302,49 @@ def test_a_measured_question_is_never_collected() -> None:
     # The retired executable categories are a source (Python functions like the measured ones').
     [exec_case] = collect.load_cases(["bfcl:exec_simple"], 1)
     assert exec_case.source == "bfcl:exec_simple" and exec_case.tools
+
+
+def test_synthetic_tool_sets_add_other_questions_tools() -> None:
+    def tool(name: str) -> dict[str, Any]:
+        return {"type": "function", "function": {"name": name, "parameters": {}}}
+
+    pool = [tool(n) for n in ("add", "b", "c", "d", "e", "f")]
+    cases = [collect.DistillCase(id=f"q{i}", source="toolsets:x", tools=[ADD],
+                                 messages=[{"role": "user", "content": str(i)}])
+             for i in range(40)]
+    mixed = [collect.with_distractors(c, pool) for c in cases]
+    for case, synthetic in zip(cases, mixed, strict=True):
+        names = [t["function"]["name"] for t in synthetic.tools]
+        # Its own tool, kept whole, and 1 to 3 others, never a second one of its name.
+        assert synthetic.tools.count(ADD) == 1 and len(set(names)) == len(names)
+        assert 2 <= len(names) <= 1 + collect.MAX_DISTRACTORS
+        assert synthetic.id == "toolsets_" + case.id and synthetic.messages == case.messages
+        # The same case always gets the same set.
+        assert collect.with_distractors(case, pool) == synthetic
+    assert {len(m.tools) for m in mixed} == {2, 3, 4}
+    assert len({m.tools[0]["function"]["name"] for m in mixed}) > 1  # its own tool moves
+    # A question and its synthetic tool set fall on one side of the split.
+    for i in range(40):
+        assert is_held_out(f"q{i}", 0.3, 0) == is_held_out(f"toolsets_q{i}", 0.3, 0)
+    [loaded] = collect.load_cases(["toolsets:exec_simple"], 1)
+    assert loaded.id.startswith("toolsets_") and len(loaded.tools) >= 2
+
+
+def test_more_pairs_are_balanced_for_training() -> None:
+    def pair(i: int, kind: Any, target: int) -> Pair:
+        return Pair(case_id=f"c{i}", kind=kind, prompt_ids=[1], target_ids=[target])
+
+    on, close = 28, 472
+    pairs = ([pair(i, "more", on) for i in range(9)] + [pair(i, "slot", 5) for i in range(4)]
+             + [pair(i + 9, "more", close) for i in range(3)])
+    balanced = balance_more(pairs, 0)
+    more = [p.target_ids[0] for p in balanced if p.kind == "more"]
+    assert more.count(on) == more.count(close) == 3
+    assert [p for p in balanced if p.kind == "slot"] == pairs[9:13]
+    assert balanced == [p for p in pairs if p in balanced]  # the order is kept
+    assert balance_more(pairs, 0) == balanced and balance_more(pairs, 1) != balanced
+    one_sided = [p for p in pairs if p.target_ids != [close]]
+    assert balance_more(one_sided, 0) == one_sided
 
 
 def test_the_collection_log_resumes_and_grows(tmp_path: Path) -> None:
