@@ -14,9 +14,11 @@ Checkpoints are Ray Train's (`ray.train.report` every `checkpoint_every` steps, 
 PEFT's format plus the optimizer and the step, as `train._save_checkpoint` writes it) under
 `RunConfig(storage_path=<out>/ray, name="distill")`; Ray Train V2 resumes a run of the same
 name and storage from its latest checkpoint, so running the command again resumes, as the
-in-process loop does from `<out>/checkpoint`. The driver copies the last checkpoint's adapter
-to `<out>/adapter`. On a cluster, `storage_path` must be storage every node reaches (Ray
-Train's rule) and the model folder must be on every worker's node.
+in-process loop does from `<out>/checkpoint`. Rank 0 alone saves the adapter, so at the end
+the workers check that they all hold the same one (an all-gather) and fail the job if not.
+The driver copies the last checkpoint's adapter to `<out>/adapter`. On a cluster,
+`storage_path` must be storage every node reaches (Ray Train's rule) and the model folder
+must be on every worker's node.
 """
 
 from __future__ import annotations
@@ -103,6 +105,21 @@ def train_loop(config: dict[str, Any]) -> None:
                     str(folder)) if rank == 0 else None)
         else:
             ray.train.report(metrics)
+    if workers > 1 and not replicas_agree(trainable, workers):
+        # Rank 0 alone saves the adapter: it stands for the others only if they are the same.
+        raise RuntimeError("the workers' adapters differ after training (gradients not "
+                           "all-reduced?)")
+
+
+def replicas_agree(params: Sequence[Any], workers: int) -> bool:
+    """Whether every worker holds the same weights `params` (an all-gather of them)."""
+    import torch
+    import torch.distributed as dist
+
+    flat = torch.cat([p.detach().flatten() for p in params])
+    gathered = [torch.empty_like(flat) for _ in range(workers)]
+    dist.all_gather(gathered, flat)
+    return all(torch.equal(g, gathered[0]) for g in gathered)
 
 
 def train_on_ray(

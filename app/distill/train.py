@@ -127,15 +127,19 @@ def _stack(model: Any, start: int, top: bool) -> Iterator[Any]:
         decoder.layers, decoder.norm = layers, norm
 
 
-def trunk_states(model: Any, pairs: Sequence[Pair], pad_id: int, batch_size: int = 8
-                 ) -> list[Any]:
+def trunk_states(model: Any, pairs: Sequence[Pair], pad_id: int, batch_size: int = 8,
+                 progress: bool = False, what: str = "pairs") -> list[Any]:
     """Per pair, the hidden states (one row per token of prompt + target) that the frozen
     layers below the adapter hand to the first adapted layer."""
     import torch
+    from tqdm import tqdm
 
     start = _first_adapted(model)
     device = next(model.parameters()).device
     states: list[Any] = []
+    # A pass over thousands of pairs takes minutes on CPU before the first step.
+    bar = tqdm(total=len(pairs), desc=f"frozen layers ({what})", unit="pair",
+               disable=not progress)
     with torch.no_grad(), _stack(model, start, top=False) as decoder:
         for first in range(0, len(pairs), batch_size):
             chunk = pairs[first:first + batch_size]
@@ -144,6 +148,8 @@ def trunk_states(model: Any, pairs: Sequence[Pair], pad_id: int, batch_size: int
                              attention_mask=batch["attention_mask"].to(device)).last_hidden_state
             states.extend(hidden[i, :len(p.prompt_ids) + len(p.target_ids)].clone()
                           for i, p in enumerate(chunk))
+            bar.update(len(chunk))
+    bar.close()
     return states
 
 
@@ -320,7 +326,7 @@ def run_training(
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     model = load_model(model_path, settings)
-    held_out_states = trunk_states(model, held_out, pad_id)
+    held_out_states = trunk_states(model, held_out, pad_id, progress=progress, what="held out")
     with model.disable_adapter():
         before = agreement(held_out, greedy_agrees(model, held_out, held_out_states))
     started = time.perf_counter()
@@ -335,7 +341,8 @@ def run_training(
         set_peft_model_state_dict(model, load_file(str(out / ADAPTER /
                                                        "adapter_model.safetensors")))
     else:
-        train_states = trunk_states(model, train_pairs, pad_id)
+        train_states = trunk_states(model, train_pairs, pad_id, progress=progress,
+                                    what="training")
         loss = train(model, train_pairs, train_states, out, settings, progress)
     seconds = time.perf_counter() - started
     after = agreement(held_out, greedy_agrees(model, held_out, held_out_states))
