@@ -5,7 +5,9 @@
   worker's thread count may differ).
 - Two workers (gradients all-reduced) train, report checkpoints to Ray Train's storage, and a
   second run of the same command resumes from the latest one: stopped at 2 steps and run again
-  to 4, the adapter is the one a 4-step job gives.
+  to 4, the adapter is the one a 4-step job gives. Every two-worker job also passes the job's
+  own end check that the workers hold the same adapter (`ray_job.replicas_agree`; with the
+  all-reduce left out, it fails the job).
 
 The jobs run in a child process on a private local Ray (this module with `-m`), so they never
 meet the session app of tests/conftest.py.
