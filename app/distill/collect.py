@@ -40,8 +40,11 @@ from app.openai_models import ChatCompletionRequest
 
 # The benchmark's agreement cases (issue: BFCL simple_python + multiple): never collected.
 MEASURED = frozenset({"simple_python", "multiple"})
-DEFAULT_SOURCES = ("bfcl:parallel", "bfcl:parallel_multiple", "bfcl:live_simple",
-                   "bfcl:live_multiple")
+# The third adapter's (app/distill/README.md, "Measured").
+DEFAULT_SOURCES = ("bfcl:exec_simple", "bfcl:exec_multiple", "bfcl:exec_parallel",
+                   "bfcl:exec_parallel_multiple", "bfcl:parallel", "bfcl:parallel_multiple",
+                   "bfcl:live_simple", "bfcl:live_multiple", "toolsets:exec_simple",
+                   "toolsets:parallel", "toolsets:live_simple")
 MAX_TOKENS = 256  # the benchmark's
 # Tools added to a question's own in a synthetic tool set: BFCL's `multiple` offers 2 to 4.
 MAX_DISTRACTORS = 3
