@@ -14,8 +14,8 @@ question is ever trained on), among them the retired executable categories (`exe
 (`toolsets:<category>`: each question with its own tools plus a few other questions' JSON
 Schemas, so the main model chooses among tools it was not asked about). Not yet: the agent
 scenarios (their tools come from a running server's `GET /v1/tools`) and the router's history
-store. The BFCL loader of load_tests/ is imported when asked
-for: the command runs from the repository root, as `ooo-spec bench` does.
+store. The BFCL loader of load_tests/ is imported when asked for: the command runs from the
+repository root, as `ooo-spec bench` does.
 
 Collection is a log (`CollectionLog`): each case's sample is appended as soon as it is done
 (or its id to the skipped list), so a stopped collection resumes where it was, and a larger
