@@ -199,7 +199,26 @@ def add_config_commands(subparsers: Subparsers) -> None:
 def _sidecar_distill(args: argparse.Namespace) -> int:
     from app.distill import command
 
+    if not args.samples and not _bfcl_loader_importable():
+        _to_stderr("ooo-spec: error: the collection runs from the repository root (the BFCL "
+                   "loader is in load_tests/): cd there, or train on collected samples with "
+                   "--samples")
+        return 2
     return command.run(args)
+
+
+def _bfcl_loader_importable() -> bool:
+    """Whether `load_tests.bfcl` imports here. It lives at the repository root, not in the
+    installed package: run from there, the root goes on sys.path, as `python -m` would put it
+    (the console script puts its own folder there instead)."""
+    from pathlib import Path
+
+    if not Path("load_tests", "bfcl.py").is_file():
+        return False
+    root = str(Path.cwd())
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    return True
 
 
 def add_sidecar_commands(subparsers: Subparsers) -> None:

@@ -5,6 +5,7 @@ learns), the agreement report, and the serving config (`sidecar.lora`)."""
 from __future__ import annotations
 
 import json
+import sys
 from functools import cache
 from pathlib import Path
 from types import SimpleNamespace
@@ -345,6 +346,24 @@ def test_more_pairs_are_balanced_for_training() -> None:
     assert balance_more(pairs, 0) == balanced and balance_more(pairs, 1) != balanced
     one_sided = [p for p in pairs if p.target_ids != [close]]
     assert balance_more(one_sided, 0) == one_sided
+
+
+def test_the_collection_runs_from_the_repository_root(
+    capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    """The console script does not put the working folder on sys.path; the BFCL loader is in
+    load_tests/ at the repository root, so the command puts the root there, or says where to
+    run from."""
+    from app import cli
+
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["sidecar", "distill", "--out", str(tmp_path / "out")]) == 2
+    assert "repository root" in capfd.readouterr().err
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(root)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(root)])
+    assert cli._bfcl_loader_importable()
+    assert sys.path[0] == str(root)
 
 
 def test_the_collection_log_resumes_and_grows(tmp_path: Path) -> None:
