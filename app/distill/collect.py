@@ -82,11 +82,12 @@ def load_cases(sources: Sequence[str], limit: int | None) -> list[DistillCase]:
                              "toolsets:<category>")
         if category in MEASURED:
             raise ValueError(f"{source}: measured by the benchmark, never trained on")
+        every = load_bfcl(category)
         loaded = [DistillCase(id=c.id, source=source, messages=c.messages, tools=c.tools)
-                  for c in load_bfcl(category, limit)]
+                  for c in every[:limit]]
         if kind == "toolsets":
             # Distractors from the whole category, not only the first `limit` cases.
-            pool = [t for c in load_bfcl(category) for t in c.tools]
+            pool = [t for c in every for t in c.tools]
             loaded = [with_distractors(c, pool) for c in loaded]
         cases += loaded
     measured = [c.messages for category in sorted(MEASURED) for c in load_bfcl(category)]
