@@ -262,6 +262,14 @@ class SidecarConfig(_Strict):
         "(name, typed arguments, description) - under a third of the tokens, and the sidecar's "
         "time is mostly its prompt's prefill; 'full': the main model's own prompt.",
     )
+    choice_prompt: Literal["signatures", "full"] = Field(
+        "signatures",
+        description="'slots' mode, several tools offered: the prompt the tool is chosen "
+        "under. 'full': the main model's own prompt (its tool listing, as the main model "
+        "reads it: the choice agrees with the main model's far more often), prefilled beside "
+        "the slots' prompt; the slots still use `prompt`. Costs one more prefill, on calls "
+        "with a choice only. 'signatures': the slots' prompt.",
+    )
     refill_repeats: bool = Field(
         True,
         description="'slots' mode: an argument whose value equals an earlier one's (most often "

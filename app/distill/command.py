@@ -145,7 +145,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="requests the main engine decodes at once while collecting")
     parser.add_argument("--kinds", default=",".join(DEFAULT_KINDS),
                         help="pair kinds to train on: name (with sidecar.lora.tool_choice), "
-                        "slot, more, call (default slot,more)")
+                        "slot, refill (slots after the values before them, as sidecar.waves "
+                        "serves them), more, call (default slot,more)")
     parser.add_argument("--held-out", type=float, default=0.2,
                         help="share of the cases held out for the agreement report")
     parser.add_argument("--steps", type=int, default=300)

@@ -7,6 +7,9 @@ One collected sample (a request and the call the main model committed for it) be
 - `slot`: per argument the main model wrote, the slot prompt plus the call up to that
   argument's value (`SidecarService._slot_tail`), and as target the value as JSON (plus the
   separator the main model wrote after it for numeric slots, whose regex ends with one);
+- `refill`: as `slot`, for every argument with required values before it, after those values
+  as the main model wrote them: what a slot filled again sees (`sidecar.waves`,
+  `refill_repeats`; `SidecarService._refill`), with the sidecar's own values in its place;
 - `more`: the slot prompt plus the call up to the end of the main model's required values
   (`slot_filling.required_prefix`), and as target the token the main model wrote next: a
   comma when it went on with optional keys (`SidecarService.writes_optional`);
@@ -32,8 +35,8 @@ from app.engine.embedded_model import resolve_model_path
 from app.engine.sidecar import SidecarService
 from app.openai_models import ChatCompletionRequest
 
-PairKind = Literal["name", "slot", "more", "call"]
-KINDS: tuple[PairKind, ...] = ("name", "slot", "more", "call")
+PairKind = Literal["name", "slot", "refill", "more", "call"]
+KINDS: tuple[PairKind, ...] = ("name", "slot", "refill", "more", "call")
 # `name` pairs only with `sidecar.lora.tool_choice` on: by default the base model chooses.
 DEFAULT_KINDS: tuple[PairKind, ...] = ("slot", "more")
 # The case id of a question asked with a synthetic tool set (`collect.with_distractors`).
@@ -66,7 +69,7 @@ class Pair(BaseModel):
 
     case_id: str
     kind: PairKind
-    key: str | None = None  # the argument of a `slot` pair
+    key: str | None = None  # the argument of a `slot` or `refill` pair
     prompt_ids: list[int]
     target_ids: list[int]
     # A `name` pair: every offered name as its target would be (the grammar's choices).
@@ -111,23 +114,29 @@ def render_pairs(
     prompt = sidecar.slot_prompt(request)
     pairs: list[Pair] = []
     if "name" in kinds and mode != "named" and len(tools) > 1:
-        head = prompt + list(encode(slot_filling.name_prefix(mode), add_special_tokens=False))
+        head = sidecar.choice_head(request, mode, prompt)
         choices = [list(encode(n + '"', add_special_tokens=False)) for n in tools]
         pairs.append(Pair(case_id=sample.case_id, kind="name", prompt_ids=head,
                           target_ids=list(encode(call.name + '"', add_special_tokens=False)),
                           choices=choices))
-    if "slot" in kinds:
-        parameters = tools[call.name]
-        keys = [k for k in slot_filling.slots(parameters) if k in call.arguments]
-        for i, key in enumerate(keys):
-            # The same private helper the sidecar's own slots use: one rendering, not two.
+    parameters = tools[call.name]
+    keys = [k for k in slot_filling.slots(parameters) if k in call.arguments]
+    for i, key in enumerate(keys):
+        target_ids = list(encode(
+            slot_target(parameters, key, call.arguments[key], last=i == len(keys) - 1),
+            add_special_tokens=False,
+        ))
+        # The same private helper the sidecar's own slots use: one rendering, not two.
+        if "slot" in kinds:
             tail = sidecar._slot_tail(mode, call.name, parameters, key)
-            target = slot_target(parameters, key, call.arguments[key], last=i == len(keys) - 1)
             pairs.append(Pair(case_id=sample.case_id, kind="slot", key=key,
-                              prompt_ids=prompt + tail,
-                              target_ids=list(encode(target, add_special_tokens=False))))
+                              prompt_ids=prompt + tail, target_ids=target_ids))
+        before = slot_filling.written_before(parameters, call.arguments, key)
+        if "refill" in kinds and before:
+            tail = sidecar._slot_tail(mode, call.name, parameters, key, before)
+            pairs.append(Pair(case_id=sample.case_id, kind="refill", key=key,
+                              prompt_ids=prompt + tail, target_ids=target_ids))
     if "more" in kinds:
-        parameters = tools[call.name]
         upto = slot_filling.required_prefix(mode, call.name, parameters, call.arguments)
         if upto is not None:
             target = more_target(parameters, call.arguments)

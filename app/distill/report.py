@@ -23,6 +23,7 @@ class Agreement(BaseModel):
     names_agree: float | None  # `name` pairs only
     slots_agree: float | None  # `slot` pairs only
     more_agree: float | None = None  # `more` pairs only (optional keys or not)
+    refills_agree: float | None = None  # `refill` pairs only (after the values before)
     cases: int
     cases_agree: float | None  # every pair of the case
 
@@ -42,6 +43,9 @@ def agreement(pairs: Sequence[Pair], agrees: Sequence[bool]) -> Agreement:
         names_agree=_share([a for p, a in zip(pairs, agrees, strict=True) if p.kind == "name"]),
         slots_agree=_share([a for p, a in zip(pairs, agrees, strict=True) if p.kind == "slot"]),
         more_agree=_share([a for p, a in zip(pairs, agrees, strict=True) if p.kind == "more"]),
+        refills_agree=_share(
+            [a for p, a in zip(pairs, agrees, strict=True) if p.kind == "refill"]
+        ),
         cases=len(by_case),
         cases_agree=_share(list(by_case.values())),
     )
@@ -64,7 +68,7 @@ def format_report(report: TrainingReport) -> str:
     def line(label: str, a: Agreement) -> str:
         return (f"{label}: cases {a.cases_agree} of {a.cases}, pairs {a.pairs_agree} of "
                 f"{a.pairs} (names {a.names_agree}, slots {a.slots_agree}, "
-                f"optional keys {a.more_agree})")
+                f"refilled slots {a.refills_agree}, optional keys {a.more_agree})")
 
     return "\n".join([
         f"trained {report.steps} steps on {report.train_pairs} pairs in "

@@ -3,12 +3,13 @@
 Two modes (config `sidecar.mode`):
 - `slots` (default, forced calls): the tool is chosen first when there is a choice (its name
   written under the names' grammar, as the main model writes it, stopped once only one name
-  fits), then every argument of that tool is filled in parallel (see `slot_filling.py`), from a
-  short signature prompt (`sidecar.prompt`); an argument whose value repeats an earlier one's
-  (`sidecar.refill_repeats`), or every argument (`sidecar.waves` > 1), is filled again after
-  the values found before it; one token after the required values decides whether the call
-  with the optional keys leads (`sidecar.predict_optional`); with `sidecar.verify`, one more
-  drafted pass over the call they make;
+  fits; after `sidecar.choice_prompt`), then every argument of that tool is filled in
+  parallel (see `slot_filling.py`), from a short signature prompt (`sidecar.prompt`); an
+  argument whose value repeats an earlier one's (`sidecar.refill_repeats`), or every argument
+  (`sidecar.waves` > 1), is filled again after the values found before it; one token after
+  the required values decides whether the call with the optional keys leads
+  (`sidecar.predict_optional`); with `sidecar.verify`, one more drafted pass over the call
+  they make;
 - `whole`: one generation of the whole invocation constrained to the union over the request's
   tools (plus "no call" when the model may answer without a call); also used for `auto` and for
   parallel calls, which slot filling does not predict.
@@ -65,6 +66,16 @@ class SidecarService:
             with_system_text(messages, slot_filling.signature_prompt(tools))
         )
 
+    def choice_head(
+        self, request: ChatCompletionRequest, mode: str, slot_prompt: list[int]
+    ) -> list[int]:
+        """What the tool's name is generated after: the choice's prompt
+        (`sidecar.choice_prompt`) and the call up to the name's opening quote."""
+        prompt = (self.prompt(request, request.tool_dicts())
+                  if self.config.sidecar.choice_prompt == "full" else slot_prompt)
+        encode = self.engine.tokenizer.encode
+        return prompt + list(encode(slot_filling.name_prefix(mode), add_special_tokens=False))
+
     async def predict(self, request: ChatCompletionRequest) -> Prediction:
         started = time.perf_counter()
         # This request's engine requests (and the tasks they spawn) with the adapter or not.
@@ -97,17 +108,17 @@ class SidecarService:
         prompt = self.slot_prompt(request)
         tools = request.tool_schemas()
         names = [request.named_tool] if mode == "named" and request.named_tool else list(tools)
-        encode = self.engine.tokenizer.encode
         name = names[0]
         if len(names) > 1:
-            head = prompt + encode(slot_filling.name_prefix(mode), add_special_tokens=False)
-            lora = self.config.sidecar.lora
-            # The choice with the base model unless the adapter is meant for it too.
-            adapter = USE_ADAPTER.set(USE_ADAPTER.get() and (lora is None or lora.tool_choice))
-            try:
-                name = await self.choose(head, names)
-            finally:
-                USE_ADAPTER.reset(adapter)
+            head = self.choice_head(request, mode, prompt)
+            # Under another prompt than the slots', the choice and the slots' prompt prefill
+            # together (one batch on the engine).
+            choice = asyncio.ensure_future(self._choose(head, names))
+            if head[: len(prompt)] != prompt:
+                await asyncio.gather(
+                    choice, self.engine.generate(prompt, {"max_tokens": 1, "temperature": 0.0})
+                )
+            name = await choice
         parameters = tools[name] or {}
         keys = slot_filling.slots(parameters)
         if len(keys) > self.config.limits.max_sidecar_slots:
@@ -168,11 +179,9 @@ class SidecarService:
     ) -> dict[str, Any]:
         """The arguments `again`, each after the required values found before it in schema
         order (a value often depends on the ones the model wrote first)."""
-        keys = slot_filling.slots(parameters)
-        required = set(parameters.get("required") or [])
         tails = {}
         for k in again:
-            before = {b: values[b] for b in keys[: keys.index(k)] if b in required and b in values}
+            before = slot_filling.written_before(parameters, values, k)
             if before:
                 tails[k] = self._slot_tail(mode, name, parameters, k, before)
         return await self._fill_all(prompt, parameters, tails) if tails else {}
@@ -250,6 +259,14 @@ class SidecarService:
         except (json.JSONDecodeError, KeyError, TypeError):
             return []
         return [PredictedCall(name=c.name, arguments=c.arguments) for c in calls]
+
+    async def _choose(self, head: list[int], names: list[str]) -> str:
+        """`choose` with the base model unless the adapter is meant for the choice too
+        (`sidecar.lora.tool_choice`). Run as a task of its own: the setting
+        stays in the task's copy of the context, and the slots keep the adapter."""
+        lora = self.config.sidecar.lora
+        USE_ADAPTER.set(USE_ADAPTER.get() and (lora is None or lora.tool_choice))
+        return await self.choose(head, names)
 
     async def choose(self, head: list[int], names: list[str]) -> str:
         """The tool the model names after `head` (which ends at the name's opening quote),

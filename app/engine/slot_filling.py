@@ -126,6 +126,16 @@ def slots(parameters: dict[str, Any], optional: bool = True) -> list[str]:
     return [key for key in properties if optional or key in required]
 
 
+def written_before(parameters: dict[str, Any], values: dict[str, Any], key: str) -> dict[str, Any]:
+    """The values written before argument `key` when it is filled again (`sidecar.waves`,
+    `refill_repeats`): the required ones before it in schema order that have a value. The
+    optional ones are left out: whether the model writes them is decided after the required
+    values (`required_prefix`)."""
+    keys = slots(parameters)
+    required = set(parameters.get("required") or [])
+    return {b: values[b] for b in keys[: keys.index(key)] if b in required and b in values}
+
+
 def draft_calls(
     name: str, parameters: dict[str, Any], filled: dict[str, Any], optional_first: bool = False
 ) -> list[PredictedCall]:

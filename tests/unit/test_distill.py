@@ -79,8 +79,9 @@ def test_pairs_are_the_sidecars_own_prompts_and_the_main_models_values() -> None
     request = ChatCompletionRequest.model_validate(s.request)
     prompt = sidecar.slot_prompt(request)
     assert [(p.kind, p.key) for p in pairs] == [
-        ("name", None), ("slot", "a"), ("slot", "b"), ("more", None), ("call", None)]
-    name, a, b, more, call = pairs
+        ("name", None), ("slot", "a"), ("slot", "b"), ("refill", "b"), ("more", None),
+        ("call", None)]
+    name, a, b, refill, more, call = pairs
     assert name.choices == [encode('add"', add_special_tokens=False),
                             encode('weather"', add_special_tokens=False)]
     assert name.prompt_ids == prompt + encode(slot_filling.name_prefix("required"),
@@ -91,6 +92,11 @@ def test_pairs_are_the_sidecars_own_prompts_and_the_main_models_values() -> None
     assert decode(a.target_ids) == "3,"
     assert b.prompt_ids == prompt + sidecar._slot_tail("required", "add", params, "b")
     assert decode(b.target_ids) == "4.5\n"
+    # Filled again after the values before it, as the main model wrote them (`waves`).
+    assert refill.prompt_ids == prompt + sidecar._slot_tail(
+        "required", "add", params, "b", {"a": 3})
+    assert decode(refill.prompt_ids).endswith('"a": 3,\n        "b": ')
+    assert refill.target_ids == b.target_ids
     # After the required values the main model closed the call: no optional keys.
     assert decode(more.prompt_ids).endswith('"a": 3,\n        "b": 4.5')
     assert more.prompt_ids[:len(prompt)] == prompt
@@ -99,6 +105,19 @@ def test_pairs_are_the_sidecars_own_prompts_and_the_main_models_values() -> None
     assert call.prompt_ids == prompt and decode(call.target_ids) == TEXT
     # The signature prompt (sidecar.prompt: signatures), not the main model's JSON listing.
     assert "add(a: integer, b: number, note?: string) - Add two numbers" in decode(prompt)
+
+
+def test_the_name_pair_is_under_the_choices_own_prompt() -> None:
+    config = AppConfig.model_validate({"sidecar": {"choice_prompt": "full"}})
+    sidecar = offline_sidecar(config, tokenizer())
+    s = sample([ADD, CITY], {"a": 3, "b": 4.5})
+    request = ChatCompletionRequest.model_validate(s.request)
+    [name, *slots] = render_pairs(s, sidecar, ("name", "slot"))
+    # The main model's own prompt for the choice, the signatures for the slots.
+    full = sidecar.prompt(request, request.tool_dicts())
+    assert name.prompt_ids[: len(full)] == full
+    assert all(p.prompt_ids[: len(full)] != full for p in slots)
+    assert '"name": "weather"' in tokenizer().decode(name.prompt_ids)
 
 
 def test_which_pairs_a_sample_makes() -> None:
@@ -178,6 +197,8 @@ def test_agreement_counts_pairs_kinds_and_whole_cases() -> None:
     result = agreement(pairs, [True, False, True])
     assert (result.pairs_agree, result.names_agree, result.slots_agree) == (0.6667, 1.0, 0.5)
     assert (result.cases, result.cases_agree) == (2, 0.5)
+    refilled = agreement([pair("x", [1], [2]), pair("x", [1], [2], "refill")], [True, False])
+    assert (refilled.slots_agree, refilled.refills_agree, refilled.cases_agree) == (1.0, 0.0, 0.0)
 
 
 @pytest.fixture(scope="module")

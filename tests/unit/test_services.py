@@ -4,6 +4,7 @@ the turn contract (TurnDelta/TurnResult/TurnError) and the sidecar's prediction,
 from __future__ import annotations
 
 import asyncio
+import json
 from types import SimpleNamespace
 from typing import Any
 
@@ -152,34 +153,55 @@ async def test_the_sidecar_has_nothing_to_say_without_tools() -> None:
 
 
 class AdapterRecordingEngine(FakeEngine):
-    """Records, per engine request, whether it carries the adapter (`USE_ADAPTER`)."""
+    """Records, per engine request, whether it carries the adapter (`USE_ADAPTER`), its
+    grammar and its prompt; every distinct chat is its own one-token prompt."""
 
     def __init__(self, pieces: list[str]) -> None:
         super().__init__(pieces)
         self.tokenizer = SimpleNamespace(encode=lambda text, add_special_tokens=False: [7] * 3)
         self.adapter: list[tuple[bool, str | None]] = []
+        self.prompts: list[list[int]] = []
+        self.chats: list[str] = []
+
+    def chat_prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        chat = json.dumps(messages)
+        if chat not in self.chats:
+            self.chats.append(chat)
+        return [1000 + self.chats.index(chat)]
 
     def stream(self, prompt_token_ids: list[int], sampling: dict[str, Any],
                *args: Any, **kwargs: Any) -> Any:
         from app.engine.vllm_engine import USE_ADAPTER
 
         self.adapter.append((USE_ADAPTER.get(), sampling.get("structured_regex")))
+        self.prompts.append(prompt_token_ids)
         return super().stream(prompt_token_ids, sampling, *args, **kwargs)
 
 
+@pytest.mark.parametrize("choice_prompt", ["signatures", "full"])
 @pytest.mark.parametrize("tool_choice", [False, True])
-async def test_the_tool_choice_uses_the_adapter_only_when_configured(tool_choice: bool) -> None:
+async def test_the_tool_choice_uses_the_adapter_only_when_configured(
+    tool_choice: bool, choice_prompt: str
+) -> None:
     from app.engine.slot_filling import names_regex
 
     other = {"type": "function", "function": {"name": "get_time", "parameters": {
         "type": "object", "properties": {"zone": {"type": "string"}}}}}
-    service = SidecarService(AppConfig.model_validate({"sidecar": {"lora": {
-        "path": "adapter", "tool_choice": tool_choice}}}))
+    service = SidecarService(AppConfig.model_validate({"sidecar": {
+        "choice_prompt": choice_prompt, "lora": {"path": "adapter", "tool_choice": tool_choice}}}))
     engine = AdapterRecordingEngine(['get_weather"'])
     service.engine = engine  # type: ignore[assignment]
-    prediction = await service.predict(chat(tools=[WEATHER, other], tool_choice="required"))
+    request = chat(tools=[WEATHER, other], tool_choice="required")
+    prediction = await service.predict(request)
     assert prediction.candidates and prediction.candidates[0][0].name == "get_weather"
     regex = names_regex(["get_weather", "get_time"])
-    [choice] = [used for used, pattern in engine.adapter if pattern == regex]
-    assert choice is tool_choice
-    assert all(used for used, pattern in engine.adapter if pattern != regex)  # the slots
+    [choice] = [i for i, (_, pattern) in enumerate(engine.adapter) if pattern == regex]
+    assert engine.adapter[choice][0] is tool_choice
+    # The choice under the main model's own prompt or under the slots' one; with its own
+    # prompt, the slots' prompt is prefilled beside it, with the adapter the slots use.
+    slot_prompt = service.slot_prompt(request)
+    full = choice_prompt == "full"
+    assert engine.prompts[choice][:1] == (service.prompt(request, request.tool_dicts())
+                                          if full else slot_prompt)
+    assert (engine.prompts.count(slot_prompt) == 1) is full
+    assert all(used for i, (used, _) in enumerate(engine.adapter) if i != choice)  # the slots
