@@ -99,6 +99,16 @@ def test_slot_prefix_after_the_values_an_earlier_wave_found() -> None:
     )
 
 
+def test_a_slot_filled_again_sees_the_required_values_before_it() -> None:
+    values = {"city": "Oslo", "unit": "C", "days": 3, "detail": True}
+    # Schema order city, unit, days, detail; city and days required: the optional unit is
+    # left out, and nothing comes before the first key.
+    assert sf.written_before(PARAMS, values, "detail") == {"city": "Oslo", "days": 3}
+    assert sf.written_before(PARAMS, values, "days") == {"city": "Oslo"}
+    assert sf.written_before(PARAMS, values, "city") == {}
+    assert sf.written_before(PARAMS, {"days": 3}, "detail") == {"days": 3}  # city not filled
+
+
 def test_repeated_values_are_the_ones_equal_to_an_earlier_argument() -> None:
     keys = ["a", "b", "c", "d", "e"]
     assert sf.repeated(keys, {"a": 40, "b": 40, "c": "x", "d": "x", "e": 40}) == ["b", "d", "e"]
