@@ -262,13 +262,15 @@ class SidecarConfig(_Strict):
         "(name, typed arguments, description) - under a third of the tokens, and the sidecar's "
         "time is mostly its prompt's prefill; 'full': the main model's own prompt.",
     )
-    choice_prompt: Literal["signatures", "full"] = Field(
+    choice_prompt: Literal["signatures", "names", "full"] = Field(
         "signatures",
         description="'slots' mode, several tools offered: the prompt the tool is chosen "
-        "under. 'full': the main model's own prompt (its tool listing, as the main model "
-        "reads it: the choice agrees with the main model's far more often), prefilled beside "
-        "the slots' prompt; the slots still use `prompt`. Costs one more prefill, on calls "
-        "with a choice only. 'signatures': the slots' prompt.",
+        "under. 'signatures': the slots' prompt. 'names': the main model's own prompt with "
+        "each tool's name and description only (its listing's format, without the "
+        "parameters: about 100 more tokens than the signatures on BFCL `multiple`). 'full': "
+        "the main model's own prompt. With 'names' or 'full' the choice agrees with the main "
+        "model's far more often (app/distill/README.md), for one more prefill beside the "
+        "slots' prompt, on calls with a choice only.",
     )
     refill_repeats: bool = Field(
         True,

@@ -71,8 +71,11 @@ class SidecarService:
     ) -> list[int]:
         """What the tool's name is generated after: the choice's prompt
         (`sidecar.choice_prompt`) and the call up to the name's opening quote."""
-        prompt = (self.prompt(request, request.tool_dicts())
-                  if self.config.sidecar.choice_prompt == "full" else slot_prompt)
+        listing = self.config.sidecar.choice_prompt
+        tools = request.tool_dicts()
+        prompt = (slot_prompt if listing == "signatures"
+                  else self.prompt(request, slot_filling.names_only(tools) if listing == "names"
+                                   else tools))
         encode = self.engine.tokenizer.encode
         return prompt + list(encode(slot_filling.name_prefix(mode), add_special_tokens=False))
 

@@ -40,6 +40,19 @@ def signature_prompt(tools: list[dict[str, Any]]) -> str:
     return SIGNATURE_PROMPT.format(tools="\n".join(signature(t["function"]) for t in tools))
 
 
+def names_only(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The tools without their parameters (`sidecar.choice_prompt: names`): what the main
+    model's listing says to choose a tool by, in its own format, at about half its length."""
+    out = []
+    for tool in tools:
+        function = tool["function"]
+        kept = {"name": function["name"]}
+        if function.get("description"):
+            kept["description"] = function["description"]
+        out.append({"type": "function", "function": kept})
+    return out
+
+
 def signature(function: dict[str, Any]) -> str:
     parameters = function.get("parameters") or {}
     required = set(parameters.get("required") or [])

@@ -178,7 +178,7 @@ class AdapterRecordingEngine(FakeEngine):
         return super().stream(prompt_token_ids, sampling, *args, **kwargs)
 
 
-@pytest.mark.parametrize("choice_prompt", ["signatures", "full"])
+@pytest.mark.parametrize("choice_prompt", ["signatures", "names", "full"])
 @pytest.mark.parametrize("tool_choice", [False, True])
 async def test_the_tool_choice_uses_the_adapter_only_when_configured(
     tool_choice: bool, choice_prompt: str
@@ -197,11 +197,16 @@ async def test_the_tool_choice_uses_the_adapter_only_when_configured(
     regex = names_regex(["get_weather", "get_time"])
     [choice] = [i for i, (_, pattern) in enumerate(engine.adapter) if pattern == regex]
     assert engine.adapter[choice][0] is tool_choice
-    # The choice under the main model's own prompt or under the slots' one; with its own
-    # prompt, the slots' prompt is prefilled beside it, with the adapter the slots use.
+    # The choice under the main model's own prompt (whole, or its tools' names only) or
+    # under the slots' one; with its own prompt, the slots' prompt is prefilled beside it,
+    # with the adapter the slots use.
+    from app.engine.slot_filling import names_only
+
     slot_prompt = service.slot_prompt(request)
-    full = choice_prompt == "full"
-    assert engine.prompts[choice][:1] == (service.prompt(request, request.tool_dicts())
-                                          if full else slot_prompt)
-    assert (engine.prompts.count(slot_prompt) == 1) is full
+    tools = request.tool_dicts()
+    prompts = {"signatures": slot_prompt, "names": service.prompt(request, names_only(tools)),
+               "full": service.prompt(request, tools)}
+    assert len({tuple(p) for p in prompts.values()}) == 3  # three different chats
+    assert engine.prompts[choice][:1] == prompts[choice_prompt]
+    assert (engine.prompts.count(slot_prompt) == 1) is (choice_prompt != "signatures")
     assert all(used for i, (used, _) in enumerate(engine.adapter) if i != choice)  # the slots

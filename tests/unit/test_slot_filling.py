@@ -99,6 +99,16 @@ def test_slot_prefix_after_the_values_an_earlier_wave_found() -> None:
     )
 
 
+def test_the_names_listing_keeps_each_tools_name_and_description_only() -> None:
+    tools = [{"type": "function", "function": {"name": "weather", "description": "Forecast",
+                                               "parameters": PARAMS, "strict": True}},
+             {"type": "function", "function": {"name": "time"}}]
+    assert sf.names_only(tools) == [
+        {"type": "function", "function": {"name": "weather", "description": "Forecast"}},
+        {"type": "function", "function": {"name": "time"}}]
+    assert tools[0]["function"]["parameters"] is PARAMS  # the request's tools are untouched
+
+
 def test_a_slot_filled_again_sees_the_required_values_before_it() -> None:
     values = {"city": "Oslo", "unit": "C", "days": 3, "detail": True}
     # Schema order city, unit, days, detail; city and days required: the optional unit is
