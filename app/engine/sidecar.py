@@ -72,10 +72,11 @@ class SidecarService:
         """What the tool's name is generated after: the choice's prompt
         (`sidecar.choice_prompt`) and the call up to the name's opening quote."""
         listing = self.config.sidecar.choice_prompt
-        tools = request.tool_dicts()
-        prompt = (slot_prompt if listing == "signatures"
-                  else self.prompt(request, slot_filling.names_only(tools) if listing == "names"
-                                   else tools))
+        prompt = slot_prompt
+        if listing != "signatures":
+            tools = request.tool_dicts()
+            prompt = self.prompt(request,
+                                 slot_filling.names_only(tools) if listing == "names" else tools)
         encode = self.engine.tokenizer.encode
         return prompt + list(encode(slot_filling.name_prefix(mode), add_special_tokens=False))
 
