@@ -12,10 +12,13 @@ here, and any case whose question is word for word a measured one's is dropped, 
 question is ever trained on), among them the retired executable categories (`exec_simple`,
 `exec_multiple`, ...: Python functions like the measured ones'), and synthetic tool sets
 (`toolsets:<category>`: each question with its own tools plus a few other questions' JSON
-Schemas, so the main model chooses among tools it was not asked about). Not yet: the agent
-scenarios (their tools come from a running server's `GET /v1/tools`) and the router's history
-store. The BFCL loader of load_tests/ is imported when asked for: the command runs from the
-repository root, as `ooo-spec bench` does.
+Schemas, so the main model chooses among tools it was not asked about), and the agent
+scenarios (`agent`: load_tests/agent_scenarios.py, each conversation up to the call its last
+turn asks for, with its own tool choice; their tools are the ones the config's tool workers
+register, as `GET /v1/tools` lists them: `tool_listing`). Not the router's history store: it
+lives in each main replica's memory only (app/engine/history.py), by the privacy rules, and
+nothing reads it out. The loaders of load_tests/ are imported when asked for: the command runs
+from the repository root, as `ooo-spec bench` does.
 
 Collection is a log (`CollectionLog`): each case's sample is appended as soon as it is done
 (or its id to the skipped list), so a stopped collection resumes where it was, and a larger
@@ -34,6 +37,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from app.config import AppConfig
 from app.distill.pairs import TOOLSETS_PREFIX, CommittedCall, Sample
 from app.engine.main_model import MainModelService
 from app.openai_models import ChatCompletionRequest
@@ -46,6 +50,7 @@ DEFAULT_SOURCES = ("bfcl:exec_simple", "bfcl:exec_multiple", "bfcl:exec_parallel
                    "bfcl:live_simple", "bfcl:live_multiple", "toolsets:exec_simple",
                    "toolsets:parallel", "toolsets:live_simple")
 MAX_TOKENS = 256  # the benchmark's
+AGENT_SOURCE = "agent"  # load_tests/agent_scenarios.py's SOURCE
 # Tools added to a question's own in a synthetic tool set: BFCL's `multiple` offers 2 to 4.
 MAX_DISTRACTORS = 3
 
@@ -57,29 +62,67 @@ class DistillCase(BaseModel):
     source: str
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]]
+    # "required" (BFCL's) or a named tool's {"type": "function", ...} (an agent scenario's).
+    tool_choice: str | dict[str, Any] = "required"
 
 
 def request_body(case: DistillCase) -> dict[str, Any]:
-    """The chat request the benchmark sends for a BFCL case, in plain mode."""
+    """The chat request the benchmark sends for a case, in plain mode."""
     return {
         "model": "main", "messages": case.messages, "tools": case.tools,
-        "tool_choice": "required", "temperature": 0.0, "max_tokens": MAX_TOKENS,
+        "tool_choice": case.tool_choice, "temperature": 0.0, "max_tokens": MAX_TOKENS,
         "ooo_spec": {"enabled": False, "history": False},
     }
 
 
-def load_cases(sources: Sequence[str], limit: int | None) -> list[DistillCase]:
-    """Up to `limit` cases per source, none with a measured question: `bfcl:<category>`, or
+async def tool_listing(config: AppConfig) -> list[dict[str, Any]]:
+    """The tools a server of `config` lists (`GET /v1/tools`): its tool modules and MCP
+    servers registered as a ToolWorker replica registers them."""
+    from app.tools.mcp_source import McpToolSource
+    from app.tools.registry import ToolRegistry
+
+    registry = ToolRegistry()
+    registry.load_modules(config.tools)
+    mcp = McpToolSource(config.tool_worker.mcp_servers)
+    await mcp.start(registry)
+    try:
+        registry.apply_overrides(config.tool_worker.overrides)
+        return registry.openai_tools()
+    finally:
+        await mcp.aclose()
+
+
+def agent_cases(listing: Sequence[dict[str, Any]], limit: int | None) -> list[DistillCase]:
+    """The agent scenarios, up to `limit`, over the tools of `listing`, each with its own
+    tool choice."""
+    from load_tests.agent_scenarios import load_agent_cases
+
+    return [DistillCase(id=c.id, source=AGENT_SOURCE, messages=c.messages, tools=c.tools,
+                        tool_choice=c.tool_choice)
+            for c in load_agent_cases(listing, limit)]
+
+
+def load_cases(
+    sources: Sequence[str], limit: int | None,
+    listing: Sequence[dict[str, Any]] | None = None,
+) -> list[DistillCase]:
+    """Up to `limit` cases per source, none with a measured question: `bfcl:<category>`,
     `toolsets:<category>` (that category's questions with synthetic tool sets,
-    `with_distractors`)."""
+    `with_distractors`), or `agent` (the agent scenarios over the tools of `listing`,
+    `tool_listing`)."""
     from load_tests.bfcl import load_bfcl
 
     cases: list[DistillCase] = []
     for source in sources:
+        if source == AGENT_SOURCE:
+            if listing is None:
+                raise ValueError("the agent source needs the server's tool listing")
+            cases += agent_cases(listing, limit)
+            continue
         kind, _, category = source.partition(":")
         if kind not in ("bfcl", "toolsets") or not category:
-            raise ValueError(f"unknown source {source!r}: bfcl:<category> or "
-                             "toolsets:<category>")
+            raise ValueError(f"unknown source {source!r}: bfcl:<category>, "
+                             f"toolsets:<category> or {AGENT_SOURCE}")
         if category in MEASURED:
             raise ValueError(f"{source}: measured by the benchmark, never trained on")
         every = load_bfcl(category)

@@ -39,12 +39,22 @@ def collect_samples(config: AppConfig, args: argparse.Namespace, path: Path) -> 
     """The main model's calls on the cases of `--sources` not collected into `path` yet."""
     from tqdm import tqdm
 
-    from app.distill.collect import CollectionLog, DistillCase, collect, load_cases
+    from app.distill.collect import (
+        AGENT_SOURCE,
+        CollectionLog,
+        DistillCase,
+        collect,
+        load_cases,
+        tool_listing,
+    )
     from app.distill.pairs import Sample
     from app.engine.main_model import MainModelService
 
     log = CollectionLog(path)
-    cases = load_cases(args.sources.split(","), args.limit)
+    sources = args.sources.split(",")
+    # The agent scenarios' tools: the ones this config's tool workers would list.
+    listing = asyncio.run(tool_listing(config)) if AGENT_SOURCE in sources else None
+    cases = load_cases(sources, args.limit, listing)
     done = log.done()
     todo = [c for c in cases if c.id not in done]
     _say(f"ooo-spec: {len(cases)} cases ({args.sources}, up to {args.limit} each), "
@@ -138,8 +148,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sources", default=",".join(DEFAULT_SOURCES),
                         help="comma-separated sources: bfcl:<category> (BFCL's cases), "
                         "toolsets:<category> (its questions with synthetic tool sets: their "
-                        "own tools plus other questions'); the benchmark's simple_python and "
-                        "multiple are refused")
+                        "own tools plus other questions'), agent (the agent scenarios, over "
+                        "the tools this config's tool workers register); the benchmark's "
+                        "simple_python and multiple are refused")
     parser.add_argument("--limit", type=int, default=40, help="cases per source (default 40)")
     parser.add_argument("--concurrency", type=int, default=4,
                         help="requests the main engine decodes at once while collecting")

@@ -4,6 +4,7 @@ learns), the agreement report, and the serving config (`sidecar.lora`)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from functools import cache
@@ -491,3 +492,26 @@ def test_an_engine_whose_adapter_is_missing_does_not_start(tmp_path: Path) -> No
     with pytest.raises(EngineError, match="adapter_config.json"):
         engine.start()
     assert engine.engine is None
+
+
+def test_agent_scenarios_are_a_source_over_the_servers_tools() -> None:
+    from app.distill.command import load_app_config
+    from load_tests.agent_scenarios import SCENARIOS, SOURCE
+
+    assert collect.AGENT_SOURCE == SOURCE
+    with pytest.raises(ValueError, match="tool listing"):
+        collect.load_cases([collect.AGENT_SOURCE], None)
+    # The bench config's tools: its Python modules and its MCP server, started and closed.
+    listing = asyncio.run(collect.tool_listing(load_app_config("configs/bench.yaml")))
+    listed = {t["function"]["name"]: t for t in listing}
+    assert {"slow_lookup", "calculator", "lookup_capital"} <= set(listed)
+    cases = collect.load_cases([collect.AGENT_SOURCE], None, listing)
+    assert [c.id for c in cases] == [f"agent_{s.id}" for s in SCENARIOS]
+    named = [c for c in cases if c.tool_choice != "required"]
+    assert named and all(
+        collect.request_body(c)["tool_choice"]["function"]["name"] == c.tools[0]["function"]["name"]
+        for c in named)
+    # A scenario's tool is the server's schema (narrowed to the conversation's values).
+    lookup = next(t for c in cases for t in c.tools if t["function"]["name"] == "slow_lookup")
+    assert lookup["function"]["description"] == listed["slow_lookup"]["function"]["description"]
+    assert collect.load_cases([collect.AGENT_SOURCE], 2, listing) == cases[:2]
