@@ -272,6 +272,13 @@ class SidecarConfig(_Strict):
         "model's far more often (app/distill/README.md), for one more prefill beside the "
         "slots' prompt, on calls with a choice only.",
     )
+    slot_tools: Literal["offered", "chosen"] = Field(
+        "offered",
+        description="'slots' mode, several tools offered: the tools the slots' prompt lists. "
+        "'offered': every tool of the request, as the main model sees them. 'chosen': the "
+        "chosen tool alone (its prompt then waits for the choice; fewer tokens, and no other "
+        "tool's names and parameters to copy a value from).",
+    )
     refill_repeats: bool = Field(
         True,
         description="'slots' mode: an argument whose value equals an earlier one's (most often "

@@ -111,10 +111,10 @@ def render_pairs(
     if call.name not in tools:
         return []
     encode = sidecar.engine.tokenizer.encode
-    prompt = sidecar.slot_prompt(request)
+    prompt = sidecar.slot_prompt(request, call.name)
     pairs: list[Pair] = []
     if "name" in kinds and mode != "named" and len(tools) > 1:
-        head = sidecar.choice_head(request, mode, prompt)
+        head = sidecar.choice_head(request, mode, sidecar.slot_prompt(request))
         choices = [list(encode(n + '"', add_special_tokens=False)) for n in tools]
         pairs.append(Pair(case_id=sample.case_id, kind="name", prompt_ids=head,
                           target_ids=list(encode(call.name + '"', add_special_tokens=False)),

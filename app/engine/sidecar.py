@@ -55,10 +55,13 @@ class SidecarService:
     def prompt(self, request: ChatCompletionRequest, tools: list[dict[str, Any]]) -> list[int]:
         return self.engine.chat_prompt_ids(prepare_messages(request.message_dicts(), tools))
 
-    def slot_prompt(self, request: ChatCompletionRequest) -> list[int]:
+    def slot_prompt(self, request: ChatCompletionRequest, chosen: str | None = None) -> list[int]:
         """Slots mode's prompt: every tool of the request (the main model sees them all too),
-        as signatures or as the main model's own listing (`sidecar.prompt`)."""
+        or, once the tool is `chosen`, that tool alone under `sidecar.slot_tools: chosen`; as
+        signatures or as the main model's own listing (`sidecar.prompt`)."""
         tools = request.tool_dicts()
+        if chosen is not None and self.config.sidecar.slot_tools == "chosen":
+            tools = [t for t in tools if t["function"]["name"] == chosen]
         if self.config.sidecar.prompt == "full":
             return self.prompt(request, tools)
         messages = prepare_messages(request.message_dicts(), None)
@@ -118,11 +121,12 @@ class SidecarService:
             # Under another prompt than the slots', the choice and the slots' prompt prefill
             # together (one batch on the engine).
             choice = asyncio.ensure_future(self._choose(head, names))
-            if head[: len(prompt)] != prompt:
+            if head[: len(prompt)] != prompt and self.config.sidecar.slot_tools == "offered":
                 await asyncio.gather(
                     choice, self.engine.generate(prompt, {"max_tokens": 1, "temperature": 0.0})
                 )
             name = await choice
+        prompt = self.slot_prompt(request, name)
         parameters = tools[name] or {}
         keys = slot_filling.slots(parameters)
         if len(keys) > self.config.limits.max_sidecar_slots:

@@ -121,6 +121,19 @@ def test_the_name_pair_is_under_the_choices_own_prompt() -> None:
     assert '"name": "weather"' in tokenizer().decode(name.prompt_ids)
 
 
+def test_slot_pairs_list_the_chosen_tool_alone_under_slot_tools_chosen() -> None:
+    config = AppConfig.model_validate({"sidecar": {"slot_tools": "chosen"}})
+    sidecar = offline_sidecar(config, tokenizer())
+    s = sample([ADD, CITY], {"a": 3, "b": 4.5})
+    request = ChatCompletionRequest.model_validate(s.request)
+    [name, *slots] = render_pairs(s, sidecar, ("name", "slot", "more"))
+    offered, alone = sidecar.slot_prompt(request), sidecar.slot_prompt(request, "add")
+    assert "weather" in tokenizer().decode(offered) and "weather" not in tokenizer().decode(alone)
+    # The choice is made among every tool; the slots see the main model's tool alone.
+    assert name.prompt_ids[: len(offered)] == offered
+    assert len(slots) == 3 and all(p.prompt_ids[: len(alone)] == alone for p in slots)
+
+
 def test_which_pairs_a_sample_makes() -> None:
     sidecar = offline_sidecar(AppConfig(), tokenizer())
     # One tool: no choice to learn; the optional key the main model wrote is a slot too.

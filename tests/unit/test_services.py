@@ -210,3 +210,30 @@ async def test_the_tool_choice_uses_the_adapter_only_when_configured(
     assert engine.prompts[choice][:1] == prompts[choice_prompt]
     assert (engine.prompts.count(slot_prompt) == 1) is (choice_prompt != "signatures")
     assert all(used for i, (used, _) in enumerate(engine.adapter) if i != choice)  # the slots
+
+
+@pytest.mark.parametrize("slot_tools", ["offered", "chosen"])
+async def test_the_slots_prompt_lists_the_offered_tools_or_the_chosen_one(slot_tools: str) -> None:
+    from app.engine.slot_filling import names_regex
+
+    other = {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"zone": {"type": "string"}}}}}
+    service = SidecarService(AppConfig.model_validate({"sidecar": {
+        "choice_prompt": "names", "slot_tools": slot_tools}}))
+    engine = AdapterRecordingEngine(['get_weather"'])
+    service.engine = engine  # type: ignore[assignment]
+    request = chat(tools=[WEATHER, other], tool_choice="required")
+    prediction = await service.predict(request)
+    assert prediction.candidates and prediction.candidates[0][0].name == "get_weather"
+    regex = names_regex(["get_weather", "get_time"])
+    # Every request after the choice (the shared prefill, the slots, the optional-keys step)
+    # starts with the slots' prompt.
+    after_choice = [p for p, (_, pattern) in zip(engine.prompts, engine.adapter, strict=True)
+                    if pattern != regex and len(p) > 1]
+    offered = service.slot_prompt(request)
+    alone = service.slot_prompt(chat(tools=[WEATHER], tool_choice="required"))
+    assert offered != alone
+    assert after_choice and {p[0] for p in after_choice} == {
+        (offered if slot_tools == "offered" else alone)[0]}
+    # Offered: prefilled beside the choice. Chosen: that listing is never sent.
+    assert (offered in engine.prompts) is (slot_tools == "offered")
