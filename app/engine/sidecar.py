@@ -4,7 +4,8 @@ Two modes (config `sidecar.mode`):
 - `slots` (default, forced calls): the tool is chosen first when there is a choice (its name
   written under the names' grammar, as the main model writes it, stopped once only one name
   fits; after `sidecar.choice_prompt`), then every argument of that tool is filled in
-  parallel (see `slot_filling.py`), from a short signature prompt (`sidecar.prompt`); an
+  parallel (see `slot_filling.py`), from a short signature prompt (`sidecar.prompt`) of the
+  offered tools or of the chosen one alone (`sidecar.slot_tools`); an
   argument whose value repeats an earlier one's (`sidecar.refill_repeats`), or every argument
   (`sidecar.waves` > 1), is filled again after the values found before it; one token after
   the required values decides whether the call with the optional keys leads
