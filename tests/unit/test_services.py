@@ -178,23 +178,31 @@ class AdapterRecordingEngine(FakeEngine):
         return super().stream(prompt_token_ids, sampling, *args, **kwargs)
 
 
-@pytest.mark.parametrize("choice_prompt", ["signatures", "names", "full"])
-@pytest.mark.parametrize("tool_choice", [False, True])
-async def test_the_tool_choice_uses_the_adapter_only_when_configured(
-    tool_choice: bool, choice_prompt: str
-) -> None:
+async def predict_between_two_tools(
+    sidecar_config: dict[str, Any],
+) -> tuple[SidecarService, AdapterRecordingEngine, ChatCompletionRequest, str]:
+    """A prediction of the sidecar of `sidecar_config` on a request offering get_weather and
+    get_time, the recording engine choosing get_weather; and the names' grammar."""
     from app.engine.slot_filling import names_regex
 
     other = {"type": "function", "function": {"name": "get_time", "parameters": {
         "type": "object", "properties": {"zone": {"type": "string"}}}}}
-    service = SidecarService(AppConfig.model_validate({"sidecar": {
-        "choice_prompt": choice_prompt, "lora": {"path": "adapter", "tool_choice": tool_choice}}}))
+    service = SidecarService(AppConfig.model_validate({"sidecar": sidecar_config}))
     engine = AdapterRecordingEngine(['get_weather"'])
     service.engine = engine  # type: ignore[assignment]
     request = chat(tools=[WEATHER, other], tool_choice="required")
     prediction = await service.predict(request)
     assert prediction.candidates and prediction.candidates[0][0].name == "get_weather"
-    regex = names_regex(["get_weather", "get_time"])
+    return service, engine, request, names_regex(["get_weather", "get_time"])
+
+
+@pytest.mark.parametrize("choice_prompt", ["signatures", "names", "full"])
+@pytest.mark.parametrize("tool_choice", [False, True])
+async def test_the_tool_choice_uses_the_adapter_only_when_configured(
+    tool_choice: bool, choice_prompt: str
+) -> None:
+    service, engine, request, regex = await predict_between_two_tools({
+        "choice_prompt": choice_prompt, "lora": {"path": "adapter", "tool_choice": tool_choice}})
     [choice] = [i for i, (_, pattern) in enumerate(engine.adapter) if pattern == regex]
     assert engine.adapter[choice][0] is tool_choice
     # The choice under the main model's own prompt (whole, or its tools' names only) or
@@ -214,18 +222,8 @@ async def test_the_tool_choice_uses_the_adapter_only_when_configured(
 
 @pytest.mark.parametrize("slot_tools", ["offered", "chosen"])
 async def test_the_slots_prompt_lists_the_offered_tools_or_the_chosen_one(slot_tools: str) -> None:
-    from app.engine.slot_filling import names_regex
-
-    other = {"type": "function", "function": {"name": "get_time", "parameters": {
-        "type": "object", "properties": {"zone": {"type": "string"}}}}}
-    service = SidecarService(AppConfig.model_validate({"sidecar": {
-        "choice_prompt": "names", "slot_tools": slot_tools}}))
-    engine = AdapterRecordingEngine(['get_weather"'])
-    service.engine = engine  # type: ignore[assignment]
-    request = chat(tools=[WEATHER, other], tool_choice="required")
-    prediction = await service.predict(request)
-    assert prediction.candidates and prediction.candidates[0][0].name == "get_weather"
-    regex = names_regex(["get_weather", "get_time"])
+    service, engine, request, regex = await predict_between_two_tools(
+        {"choice_prompt": "names", "slot_tools": slot_tools})
     # Every request after the choice (the shared prefill, the slots, the optional-keys step)
     # starts with the slots' prompt.
     after_choice = [p for p, (_, pattern) in zip(engine.prompts, engine.adapter, strict=True)
