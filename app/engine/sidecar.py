@@ -119,8 +119,8 @@ class SidecarService:
         name = names[0]
         if len(names) > 1:
             head = self.choice_head(request, mode, prompt)
-            # Under another prompt than the slots', the choice and the slots' prompt prefill
-            # together (one batch on the engine).
+            # Under another prompt than the slots', the slots' prompt prefills beside the
+            # choice (one batch on the engine); under `slot_tools: chosen` it needs the name.
             choice = asyncio.ensure_future(self._choose(head, names))
             if head[: len(prompt)] != prompt and self.config.sidecar.slot_tools == "offered":
                 await asyncio.gather(
