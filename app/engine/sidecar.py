@@ -127,7 +127,8 @@ class SidecarService:
                     choice, self.engine.generate(prompt, {"max_tokens": 1, "temperature": 0.0})
                 )
             name = await choice
-        prompt = self.slot_prompt(request, name)
+        if self.config.sidecar.slot_tools == "chosen":  # else the prompt above is the slots'
+            prompt = self.slot_prompt(request, name)
         parameters = tools[name] or {}
         keys = slot_filling.slots(parameters)
         if len(keys) > self.config.limits.max_sidecar_slots:
