@@ -85,12 +85,20 @@ class _Store:
 
     def __init__(self) -> None:
         self.gate: AutoDrafts | None = None
+        self.predicted = asyncio.Event()
 
     def add_candidates(self, request_id: str, texts: list[str]) -> bool:
         raise AssertionError("auto mode drafts through its gate")
 
     def set_gate(self, request_id: str, gate: AutoDrafts) -> bool:
         self.gate = gate
+        hand_in = gate.predicted
+
+        def predicted(texts: list[str]) -> None:
+            hand_in(texts)
+            self.predicted.set()
+
+        gate.predicted = predicted  # type: ignore[method-assign]
         return True
 
 
@@ -106,7 +114,9 @@ class _Engine:
                      on_start: Any, realign: bool = True,
                      cache_salt: str | None = None) -> AsyncIterator[StepDelta]:
         on_start("req-1")
-        await asyncio.sleep(0.01)  # the prediction arrives while the model thinks
+        # The prediction arrives while the model thinks. It is validated on a worker thread,
+        # which a busy machine may not run for a while: a fixed sleep made the test flaky.
+        await asyncio.wait_for(self.store.predicted.wait(), 60)
         for i, text in enumerate(self.deltas):
             last = i == len(self.deltas) - 1
             yield StepDelta([i], text, last, "stop" if last else None, 0.0)
