@@ -289,6 +289,7 @@ class PredictionReport(BaseModel):
 
     ready_ms: float  # from the fan-out to its arrival at the router
     elapsed_ms: float = 0.0  # inside the sidecar
+    passes: int = 0  # the sidecar engine's forward passes meanwhile (`Prediction.passes`)
     calls: list[dict[str, Any]] = Field(default_factory=list)
     no_call: bool = False
     error: str | None = None

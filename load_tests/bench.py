@@ -368,6 +368,7 @@ class Record:
     # `sidecar` mode: the prediction as the router saw it arrive, and whether it equals the
     # plain run's committed call (canonically; only the required arguments).
     prediction_ready_ms: float | None = None
+    prediction_passes: int | None = None  # the sidecar engine's forward passes meanwhile
     prediction_calls: list[dict[str, Any]] | None = None
     agrees_whole: bool | None = None
     agrees_required: bool | None = None
@@ -444,6 +445,7 @@ def record_from_response(
         tools_ms=timings.get("tools"),
         baseline=report.get("baseline"),
         prediction_ready_ms=predictions[0].get("ready_ms") if predictions else None,
+        prediction_passes=predictions[0].get("passes") if predictions else None,
         prediction_calls=predictions[0].get("calls") if predictions else None,
         tool_results=[
             {"name": t.get("name"), "content": t.get("content"),
@@ -719,6 +721,7 @@ def mode_summary(records: Sequence[Record]) -> dict[str, Any]:
             for p in sorted({r.position for r in ok})
         },
         "prediction_ready_ms_median": median(r.prediction_ready_ms for r in ok),
+        "prediction_passes_median": median(r.prediction_passes for r in ok),
         "agreement_whole": share(r.agrees_whole for r in ok),
         "agreement_required": share(r.agrees_required for r in ok),
         "agreement_cases": len([r for r in ok if r.agrees_whole is not None]),

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import time
@@ -24,9 +23,9 @@ from typing import Any, get_args
 
 def plain_tools(bench_file: Path) -> dict[str, str]:
     """Case id -> the tool plain committed first, from a bench run's records."""
-    records = json.loads(bench_file.read_text(encoding="utf-8"))["records"]
-    return {r["case_id"]: r["tool_calls"][0]["name"] for r in records
-            if r["mode"] == "plain" and not r["warmup"] and r["tool_calls"]}
+    from load_tests.sidecar_agreement import plain_calls
+
+    return {case_id: calls[0].name for case_id, calls in plain_calls(bench_file).items()}
 
 
 async def measure(config_file: str, plain: dict[str, str], limit: int,

@@ -67,6 +67,7 @@ MODE_ROWS: tuple[tuple[str, str, Formatter], ...] = (
     ("tool results pre-executed", "tool_results_pre_executed", _pct),
     ("tool time saved ms (median)", "saved_ms_median", _num()),
     ("sidecar prediction ready ms (median)", "prediction_ready_ms_median", _num()),
+    ("sidecar passes to its prediction (median)", "prediction_passes_median", _num(1)),
     ("agrees with plain: whole call", "agreement_whole", _pct),
     ("agrees with plain: required args", "agreement_required", _pct),
     ("BFCL accuracy", "accuracy", _pct),
@@ -149,11 +150,17 @@ def format_summary(
         # The sidecar's time includes its prompt's prefill: the main model's time to the call
         # (prefill + decode, from the same start) is the like-for-like comparison.
         to_call = per_mode[baseline].get("first_commit_ms_median")
+        # Where a pass costs about the same whatever it holds (a GPU), passes are the
+        # readiness; on a CPU a pass costs by its tokens, and only the times are.
+        passes = sidecar.get("prediction_passes_median")
+        steps = per_mode[baseline].get("steps_median")
         parts.append(
             f"{name}: prediction ready {_num(0, ' ms')(ready)} (median, from the fan-out) vs "
             f"{baseline} decode {_num(0, ' ms')(decode)}: {_times(ratio_of(ready, decode))} of "
             f"it; vs {baseline}'s time to its call {_num(0, ' ms')(to_call)}: "
-            f"{_times(ratio_of(ready, to_call))} of it; agrees with {baseline}'s call on "
+            f"{_times(ratio_of(ready, to_call))} of it; sidecar passes "
+            f"{_num(1)(passes)} vs {baseline}'s {_num(1)(steps)} (medians): "
+            f"{_times(ratio_of(passes, steps))}; agrees with {baseline}'s call on "
             f"{_pct(sidecar.get('agreement_whole'))} "
             f"(whole call), {_pct(sidecar.get('agreement_required'))} (required arguments) "
             f"of {sidecar.get('agreement_cases')} cases where {baseline} committed a call"

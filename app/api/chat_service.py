@@ -495,6 +495,7 @@ async def observe_prediction(prediction: Awaitable[Any], clock: Clock) -> Predic
     return PredictionReport(
         ready_ms=(clock() - started) * 1000,
         elapsed_ms=parsed.elapsed_ms,
+        passes=parsed.passes,
         calls=[{"name": c.name, "arguments": c.arguments} for c in first],
         no_call=parsed.no_call,
         error=parsed.error,

@@ -85,6 +85,12 @@ class SidecarService:
         return prompt + list(encode(slot_filling.name_prefix(mode), add_special_tokens=False))
 
     async def predict(self, request: ChatCompletionRequest) -> Prediction:
+        first = self.engine.passes
+        prediction = await self._predict(request)
+        prediction.passes = self.engine.passes - first
+        return prediction
+
+    async def _predict(self, request: ChatCompletionRequest) -> Prediction:
         started = time.perf_counter()
         # This request's engine requests (and the tasks they spawn) with the adapter or not.
         USE_ADAPTER.set(request.ooo_spec.diagnostics.sidecar_adapter)

@@ -175,6 +175,11 @@ class VllmEngine:
         self._stopped = threading.Event()
         self._fatal: BaseException | None = None
         self.aborted = 0  # requests given up before they finished (cancelled, dropped)
+        # Forward passes that wrote tokens so far (engine thread writes, anyone reads): the
+        # difference over a request's life is its critical path in passes, which carries to
+        # other hardware. A step can run no model at all (every request waiting for its
+        # grammar): only steps with outputs count.
+        self.passes = 0
         # external -> internal id of the requests in the engine; engine thread only
         self._internal_ids: dict[str, str] = {}
         self.engine: Any = None
@@ -337,6 +342,7 @@ class VllmEngine:
                 if not self.engine.has_unfinished_requests():
                     continue
                 outputs = self.engine.step()
+                self.passes += bool(outputs)
                 now = time.perf_counter()
                 for out in outputs:
                     self._deliver(out, now)

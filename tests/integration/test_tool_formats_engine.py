@@ -7,6 +7,7 @@ so the unit tests check the same texts without an engine)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import Iterator
@@ -42,16 +43,17 @@ async def test_own_parsers_agree_with_vllm_on_model_outputs(engine: VllmEngine) 
     captured: dict[str, list[str]] = {}
     for name in sorted(FORMATS):
         fmt = get_format(name)
-        texts: list[str] = []
+        runs = []  # (text before the output, its generation), one engine batch per format
         for prompt in PROMPTS[:5]:
             ids = engine.chat_prompt_ids(
                 fmt.prepare_messages([{"role": "user", "content": prompt}], TOOLS))
             opened = ids + list(engine.tokenizer.encode(PREFILL[name], add_special_tokens=False))
             for sampling in SAMPLINGS:
-                result = await engine.generate(ids, {"max_tokens": 80, **sampling})
-                texts.append(result.text)
-                result = await engine.generate(opened, {"max_tokens": 64, **sampling})
-                texts.append(PREFILL[name] + result.text)
+                runs.append(("", engine.generate(ids, {"max_tokens": 80, **sampling})))
+                runs.append((PREFILL[name], engine.generate(opened,
+                                                            {"max_tokens": 64, **sampling})))
+        results = await asyncio.gather(*(run for _, run in runs))
+        texts = [before + result.text for (before, _), result in zip(runs, results, strict=True)]
         captured[name] = texts
         for text in texts:
             theirs = vllm_calls(name, text)
