@@ -690,3 +690,18 @@ def test_passes_per_call_count_only_committed_calls() -> None:
     assert summary["steps_per_call"] == 46 / 3
     assert summary["with_call"] == 2 / 3
     assert "main passes / call" in report.format_summary(summarize(records, ["ooo"]))
+
+
+def test_the_sidecar_line_compares_its_passes_with_plains() -> None:
+    records = [Record(f"c{i}", "c", "plain", 0, steps=steps, first_commit_ms=steps * 50.0,
+                      decode_ms=steps * 40.0) for i, steps in enumerate((40, 60))]
+    records += [Record(f"c{i}", "c", "sidecar", 1, prediction_ready_ms=ms,
+                       prediction_passes=passes)
+                for i, (ms, passes) in enumerate(((1000.0, 10), (1500.0, 14)))]
+    line = next(part for part in report.format_summary(summarize(records, ["plain", "sidecar"]))
+                .split("\n\n") if part.startswith("sidecar: prediction ready"))
+    # Medians: ready 1,250 ms vs plain's call at 2,500 ms; 12 passes vs plain's 50.
+    assert "vs plain's time to its call 2,500 ms: 0.50x" in line
+    assert "sidecar passes 12.0 vs plain's 50.0 (medians): 0.24x" in line
+    assert report.format_summary(summarize(records, ["plain", "sidecar"])).count(
+        "sidecar passes to its prediction (median)") == 1
