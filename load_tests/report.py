@@ -150,8 +150,7 @@ def format_summary(
         # The sidecar's time includes its prompt's prefill: the main model's time to the call
         # (prefill + decode, from the same start) is the like-for-like comparison.
         to_call = per_mode[baseline].get("first_commit_ms_median")
-        # Where a pass costs about the same whatever it holds (a GPU), passes are the
-        # readiness; on a CPU a pass costs by its tokens, and only the times are.
+        # Passes are the readiness where a pass costs the same whatever it holds (Prediction.passes).
         passes = sidecar.get("prediction_passes_median")
         steps = per_mode[baseline].get("steps_median")
         parts.append(

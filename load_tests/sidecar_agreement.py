@@ -55,9 +55,8 @@ class Tally:
     required: int = 0
     other_tool: int = 0
     times_ms: list[float] = field(default_factory=list)
-    # The sidecar engine's forward passes per prediction, and plain's to its call on the same
-    # cases: where a pass costs about the same whatever it holds (a GPU), their ratio is the
-    # readiness; here only the times are.
+    # The sidecar's forward passes per prediction (`Prediction.passes`) and plain's to its
+    # call on the same cases.
     passes: list[int] = field(default_factory=list)
     plain_steps: list[int] = field(default_factory=list)
 
