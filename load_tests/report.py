@@ -150,7 +150,8 @@ def format_summary(
         # The sidecar's time includes its prompt's prefill: the main model's time to the call
         # (prefill + decode, from the same start) is the like-for-like comparison.
         to_call = per_mode[baseline].get("first_commit_ms_median")
-        # Passes are the readiness where a pass costs the same whatever it holds (Prediction.passes).
+        # Where a pass costs the same whatever it holds, passes are the readiness (see
+        # Prediction.passes).
         passes = sidecar.get("prediction_passes_median")
         steps = per_mode[baseline].get("steps_median")
         parts.append(
