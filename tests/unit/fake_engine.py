@@ -44,6 +44,7 @@ class FakeEngine:
         self.fail = fail
         self.requests: list[tuple[list[int], dict[str, Any]]] = []
         self.healthy = True
+        self.passes = 0  # as VllmEngine.passes: one per piece written
 
     def start(self) -> None:
         pass
@@ -76,6 +77,7 @@ class FakeEngine:
             await self.gate(self)
         for index, text in enumerate(self.pieces):
             last = index == len(self.pieces) - 1
+            self.passes += 1
             yield StepDelta([100 + index], text, last, "stop" if last else None, float(index))
             await asyncio.sleep(0)
 

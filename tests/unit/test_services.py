@@ -136,6 +136,7 @@ def sidecar(text: str, fail: Exception | None = None) -> SidecarService:
 async def test_the_sidecar_parses_its_engines_output_into_a_prediction() -> None:
     out = await sidecar('{"name": "get_weather", "arguments": {"city": "Paris"}}').predict(chat())
     assert out.candidates == [PARIS] and not out.no_call and out.error is None
+    assert out.passes == 1  # the engine's passes while it predicted: one piece, one pass
 
 
 async def test_the_sidecar_reports_no_call_cut_short_and_failure() -> None:
@@ -149,7 +150,7 @@ async def test_the_sidecar_reports_no_call_cut_short_and_failure() -> None:
 
 async def test_the_sidecar_has_nothing_to_say_without_tools() -> None:
     out = await sidecar("unused").predict(chat(tool_choice="none"))
-    assert out.no_call and out.candidates == []
+    assert out.no_call and out.candidates == [] and out.passes == 0
 
 
 class AdapterRecordingEngine(FakeEngine):
