@@ -30,20 +30,23 @@ from typing import Any
 from app.spec.canonical import Invocation
 
 
+def plain_records(bench_file: Path) -> list[dict[str, Any]]:
+    """A bench run's measured plain records that committed a call."""
+    records = json.loads(bench_file.read_text(encoding="utf-8"))["records"]
+    return [r for r in records if r["mode"] == "plain" and not r["warmup"] and r["tool_calls"]]
+
+
 def plain_calls(bench_file: Path) -> dict[str, list[Invocation]]:
     """Case id -> the calls plain committed, from a bench run's records."""
-    records = json.loads(bench_file.read_text(encoding="utf-8"))["records"]
     return {r["case_id"]: [Invocation(name=c["name"], arguments=json.loads(c["arguments"]))
                            for c in r["tool_calls"]]
-            for r in records if r["mode"] == "plain" and not r["warmup"] and r["tool_calls"]}
+            for r in plain_records(bench_file)}
 
 
 def plain_steps(bench_file: Path) -> dict[str, int]:
     """Case id -> plain's forward passes to its committed call (a forced call is the whole
     output), from a bench run's records."""
-    records = json.loads(bench_file.read_text(encoding="utf-8"))["records"]
-    return {r["case_id"]: int(r["steps"]) for r in records
-            if r["mode"] == "plain" and not r["warmup"] and r["tool_calls"] and r["steps"]}
+    return {r["case_id"]: int(r["steps"]) for r in plain_records(bench_file) if r["steps"]}
 
 
 @dataclass
