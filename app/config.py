@@ -386,14 +386,22 @@ class LimitsConfig(_Strict):
     )
     schema_check_timeout_s: float = Field(
         5.0, gt=0,
-        description="Time for a request's schema work (metaschema checks, expansion count, "
-        "pattern checks) in a worker thread, off the router's event loop; past it a 400.",
+        description="CPU time for a request's schema work (metaschema checks, expansion count, "
+        "pattern checks) in a worker thread, off the router's event loop; past it a 400 "
+        "`request_too_complex`. CPU time, not wall time, so a busy machine does not refuse "
+        "ordinary schemas (app/cpu_budget.py).",
     )
     grammar_compile_timeout_s: float = Field(
         5.0, gt=0,
-        description="Time the main replica gives the grammar of a forced call to compile "
+        description="CPU time the main replica gives the grammar of a forced call to compile "
         "(xgrammar, in a worker thread) before the request goes to the engine; past it a "
         "400 `grammar_too_slow`, so no slow grammar waits in the engine's compile queue.",
+    )
+    check_max_wait_s: float = Field(
+        60.0, gt=0,
+        description="Longest a request waits on either check above, however little CPU time "
+        "it has had (a machine so loaded the check hardly runs, or every check thread busy); "
+        "past it the same 400.",
     )
 
 

@@ -357,7 +357,8 @@ class Router:
             request = await off_loop(
                 lambda: parse_request(admission.body, max_bytes, limits,
                                       self.config.main.engine.max_model_len),
-                limits.schema_check_timeout_s, "checking the request's schemas")
+                limits.schema_check_timeout_s, limits.check_max_wait_s,
+                "checking the request's schemas")
             self._check_model(request.model)
             self.chat.check_options(request)
             # `n` > 1: every choice is a request of its own, decoded in parallel.
@@ -416,7 +417,8 @@ class Router:
             chat = await off_loop(
                 lambda: parse_request(json.dumps(converted).encode(), 2 * max_bytes, limits,
                                       self.config.main.engine.max_model_len),
-                limits.schema_check_timeout_s, "checking the request's schemas")
+                limits.schema_check_timeout_s, limits.check_max_wait_s,
+                "checking the request's schemas")
             self.chat.check_options(chat)
             events = with_deadline(
                 self.chat.events(chat, self._start_sidecar, self._main_events,

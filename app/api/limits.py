@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from app.api.errors import ApiError
 from app.config import LimitsConfig
+from app.cpu_budget import OverBudget, run_with_cpu_budget
 from app.openai_models import ChatCompletionRequest
 from app.spec.schema_limits import expansion_size, pattern_problem, schema_patterns
 from app.spec.validation import check_schema
@@ -226,14 +227,16 @@ async def read_limited(chunks: AsyncIterator[bytes], declared: str | None,
     return b"".join(parts)
 
 
-async def off_loop(work: Callable[[], T], seconds: float, what: str) -> T:
-    """`work()` in a worker thread, so a slow schema never blocks the event loop; a 400 after
-    `seconds` (the thread finishes on its own: the request's caps bound how long)."""
+async def off_loop(work: Callable[[], T], cpu_s: float, max_wait_s: float, what: str) -> T:
+    """`work()` in a worker thread, so a slow schema never blocks the event loop; a 400 once it
+    has spent `cpu_s` of CPU time or `max_wait_s` have passed (app/cpu_budget.py: CPU time, so
+    a busy machine does not refuse an ordinary request; the thread finishes on its own, the
+    request's caps bound how long)."""
     try:
-        return await asyncio.wait_for(asyncio.to_thread(work), seconds)
-    except TimeoutError:
-        raise ApiError(400, f"{what} took longer than {seconds:g} s; simplify the request",
-                       code="request_too_complex") from None
+        return await run_with_cpu_budget(work, cpu_s, max_wait_s)
+    except OverBudget as over:
+        raise ApiError(400, f"{what} took longer than {cpu_s:g} s of CPU time ({over}); "
+                       "simplify the request", code="request_too_complex") from None
 
 
 def deadline_error(seconds: float) -> ApiError:

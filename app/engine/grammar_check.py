@@ -15,12 +15,13 @@ on every request are checked once.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+from app.cpu_budget import OverBudget, run_with_cpu_budget
 
 logger = logging.getLogger(__name__)
 
@@ -39,14 +40,16 @@ def tokenizer_info(tokenizer: Any, vocab_size: int | None) -> Any:
 
 
 class GrammarCheck:
-    def __init__(self, info: Any, timeout_s: float) -> None:
-        """`info`: the engine's vocabulary as an `xgrammar.TokenizerInfo` (`tokenizer_info`)."""
+    def __init__(self, info: Any, timeout_s: float, max_wait_s: float) -> None:
+        """`info`: the engine's vocabulary as an `xgrammar.TokenizerInfo` (`tokenizer_info`);
+        `timeout_s`: the compile's CPU time; `max_wait_s`: the wait, however little CPU."""
         import xgrammar as xgr
 
         # No cache of its own: the verdicts are remembered below, and a cache would hold
         # compiled grammars the engine compiles (and caches) again anyway.
         self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
         self.timeout_s = timeout_s
+        self.max_wait_s = max_wait_s
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="grammar-check")
         self._fast: OrderedDict[str, None] = OrderedDict()
 
@@ -74,13 +77,12 @@ class GrammarCheck:
         if key in self._fast:
             self._fast.move_to_end(key)
             return
-        loop = asyncio.get_running_loop()
         try:
-            await asyncio.wait_for(loop.run_in_executor(self._pool, self._compile, kind, text),
-                                   self.timeout_s)
-        except TimeoutError:
-            raise GrammarTooSlow(
-                f"the grammar did not compile within {self.timeout_s:g} s") from None
+            await run_with_cpu_budget(lambda: self._compile(kind, text), self.timeout_s,
+                                      self.max_wait_s, self._pool)
+        except OverBudget as over:
+            raise GrammarTooSlow(f"the grammar did not compile within {self.timeout_s:g} s of "
+                                 f"CPU time ({over})") from None
         self._fast[key] = None
         if len(self._fast) > _REMEMBERED:
             self._fast.popitem(last=False)

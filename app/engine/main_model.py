@@ -160,15 +160,17 @@ class MainModelService:
         self.engine.start()
         config = getattr(getattr(self.engine, "engine", None), "model_config", None)
         vocab = config.get_vocab_size() if config is not None else None
+        limits = self.config.limits
         self.grammar_check = GrammarCheck(tokenizer_info(self.engine.tokenizer, vocab),
-                                          self.config.limits.grammar_compile_timeout_s)
+                                          limits.grammar_compile_timeout_s,
+                                          limits.check_max_wait_s)
         mismatch = chat_prompt.format_mismatch(self.engine.tokenizer, self.format)
         if mismatch:
             logger.warning("tool format: %s", mismatch)
 
     async def check_grammar(self, prepared: PreparedRequest) -> None:
-        """A forced call's grammar must compile within `limits.grammar_compile_timeout_s`
-        (app/engine/grammar_check.py): a 400 `grammar_too_slow` otherwise."""
+        """A forced call's grammar must compile within `limits.grammar_compile_timeout_s` of CPU
+        time (app/engine/grammar_check.py): a 400 `grammar_too_slow` otherwise."""
         if self.grammar_check is None:
             return
         schema = prepared.sampling.get("structured_json")
@@ -181,8 +183,8 @@ class MainModelService:
         except GrammarTooSlow:
             raise TurnError(
                 f"the tool schemas' grammar did not compile within "
-                f"{self.grammar_check.timeout_s:g} s; simplify the schemas (fewer or shorter "
-                "bounded repeats, lengths, enums)",
+                f"{self.grammar_check.timeout_s:g} s of CPU time; simplify the schemas (fewer "
+                "or shorter bounded repeats, lengths, enums)",
                 param="tools",
                 code="grammar_too_slow",
             ) from None

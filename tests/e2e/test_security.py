@@ -152,8 +152,9 @@ SLOW_GRAMMAR = with_tool({"type": "object", "properties": {
 
 
 def test_a_slow_grammar_is_a_400_and_does_not_stall_other_requests(app_url: str) -> None:
-    """About 25 s of grammar compile on this vocabulary: refused at the limit, while a good
-    request sent at the same moment is answered in about its usual time."""
+    """About 25 s of grammar compile on this vocabulary: refused once it has spent the limit's
+    CPU time (tests/unit/test_cpu_budget.py), while a good request sent at the same moment is
+    answered in about its usual time."""
     limit = LIMITS.grammar_compile_timeout_s
     started = time.perf_counter()
     assert chat(app_url, GOOD).status_code == 200
@@ -173,7 +174,9 @@ def test_a_slow_grammar_is_a_400_and_does_not_stall_other_requests(app_url: str)
         t.join()
     status, elapsed, text = results["slow"]
     assert status == 400 and json.loads(text)["error"]["code"] == "grammar_too_slow", text
-    assert elapsed < limit + 10, elapsed
+    assert "CPU time" in text
+    # Wall time is the CPU limit's plus whatever the machine's load adds, under the wait's cap.
+    assert elapsed < LIMITS.check_max_wait_s, elapsed
     status, elapsed, text = results["good"]
     assert status == 200, text
     assert elapsed < usual + limit + 10, (elapsed, usual)

@@ -4,6 +4,7 @@ vocabulary so it runs without a model."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -19,8 +20,9 @@ SLOW = {"type": "object", "properties": {
     "required": [f"p{i}" for i in range(12)]}
 
 
-def checker(timeout_s: float) -> GrammarCheck:
-    return GrammarCheck(xgr.TokenizerInfo(VOCAB, stop_token_ids=[len(VOCAB) - 1]), timeout_s)
+def checker(timeout_s: float, max_wait_s: float = 60) -> GrammarCheck:
+    return GrammarCheck(xgr.TokenizerInfo(VOCAB, stop_token_ids=[len(VOCAB) - 1]), timeout_s,
+                        max_wait_s)
 
 
 async def test_a_quick_grammar_passes_and_is_remembered() -> None:
@@ -44,12 +46,26 @@ async def test_a_slow_grammar_is_refused_at_the_limit_without_blocking_the_loop(
 
     task = asyncio.ensure_future(ticker())
     started = time.perf_counter()
-    with pytest.raises(GrammarTooSlow):
+    with pytest.raises(GrammarTooSlow, match="CPU time"):
         await check.check(SLOW)
     elapsed = time.perf_counter() - started
     task.cancel()
     assert elapsed < 1 and ticks >= 3
     assert not check._fast
+
+
+async def test_a_check_waiting_for_a_thread_is_refused_at_the_wait_cap() -> None:
+    """Both check threads held (say by refused slow compiles that go on): a new schema gets no
+    CPU at all, and is refused at `max_wait_s` rather than held."""
+    check = checker(30, max_wait_s=0.3)
+    release = threading.Event()
+    for _ in range(2):
+        check._pool.submit(release.wait, 10)
+    started = time.perf_counter()
+    with pytest.raises(GrammarTooSlow):
+        await check.check(SIMPLE)
+    release.set()
+    assert 0.3 <= time.perf_counter() - started < 5
 
 
 async def test_a_schema_that_does_not_compile_is_left_to_the_engine() -> None:

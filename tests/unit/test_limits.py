@@ -266,13 +266,18 @@ async def test_read_limited_refuses_by_content_length_and_while_reading() -> Non
     assert caught.value.status == 400
 
 
-async def test_off_loop_times_out_with_a_400_and_keeps_the_loop_free() -> None:
+async def test_off_loop_refuses_work_past_its_cpu_time_with_a_400_and_keeps_the_loop_free(
+) -> None:
     import threading
 
     from app.api.limits import off_loop
 
     release = threading.Event()
     ticks = 0
+
+    def busy() -> None:
+        while not release.wait(0):  # CPU, until released
+            pass
 
     async def ticker() -> None:
         nonlocal ticks
@@ -282,12 +287,25 @@ async def test_off_loop_times_out_with_a_400_and_keeps_the_loop_free() -> None:
 
     task = asyncio.ensure_future(ticker())
     with pytest.raises(ApiError) as caught:
-        await off_loop(lambda: release.wait(5), 0.3, "checking")
+        await off_loop(busy, 0.3, 60, "checking")
     release.set()
     task.cancel()
     assert caught.value.status == 400 and caught.value.code == "request_too_complex"
-    assert ticks >= 10  # the loop ran while the work blocked its thread
-    assert await off_loop(lambda: 7, 1, "checking") == 7
+    assert ticks >= 10  # the loop ran while the work held its thread
+    assert await off_loop(lambda: 7, 1, 60, "checking") == 7
+
+
+async def test_off_loop_waits_out_a_thread_that_gets_no_cpu_up_to_the_wait_cap() -> None:
+    import threading
+
+    from app.api.limits import off_loop
+
+    # A blocked thread stands in for one a loaded machine does not run: no CPU spent, so
+    # no 400 at the CPU limit; the wait's cap still ends it.
+    assert await off_loop(lambda: threading.Event().wait(0.5) or 7, 0.1, 60, "checking") == 7
+    with pytest.raises(ApiError) as caught:
+        await off_loop(lambda: threading.Event().wait(5), 0.1, 0.3, "checking")
+    assert caught.value.code == "request_too_complex"
 
 
 def test_diagnostics_are_grouped_and_the_flat_keys_still_accepted() -> None:
