@@ -85,13 +85,15 @@ class SidecarService:
         return prompt + list(encode(slot_filling.name_prefix(mode), add_special_tokens=False))
 
     async def predict(self, request: ChatCompletionRequest) -> Prediction:
-        first = self.engine.passes
+        """The prediction, with the time and the engine's forward passes it took (passes:
+        `Prediction.passes`)."""
+        started, first = time.perf_counter(), self.engine.passes
         prediction = await self._predict(request)
+        prediction.elapsed_ms = (time.perf_counter() - started) * 1000
         prediction.passes = self.engine.passes - first
         return prediction
 
     async def _predict(self, request: ChatCompletionRequest) -> Prediction:
-        started = time.perf_counter()
         # This request's engine requests (and the tasks they spawn) with the adapter or not.
         USE_ADAPTER.set(request.ooo_spec.diagnostics.sidecar_adapter)
         mode = request.effective_tool_choice
@@ -106,12 +108,9 @@ class SidecarService:
                 )
             except Exception as exc:  # the main model decodes on without us
                 logger.warning("slot prediction failed: %s: %s", type(exc).__name__, exc)
-                return Prediction(error=f"the prediction failed ({type(exc).__name__})",
-                                  elapsed_ms=(time.perf_counter() - started) * 1000)
-            return Prediction(
-                candidates=alternatives, elapsed_ms=(time.perf_counter() - started) * 1000
-            )
-        return await self.predict_whole(request, mode, started)
+                return Prediction(error=f"the prediction failed ({type(exc).__name__})")
+            return Prediction(candidates=alternatives)
+        return await self.predict_whole(request, mode)
 
     async def predict_slots(
         self, request: ChatCompletionRequest, mode: str, verify: bool
@@ -307,9 +306,7 @@ class SidecarService:
             await stream.aclose()  # aborts the request if it is still running
         raise RuntimeError(f"the tool name did not resolve: {text!r}")
 
-    async def predict_whole(
-        self, request: ChatCompletionRequest, mode: str, started: float
-    ) -> Prediction:
+    async def predict_whole(self, request: ChatCompletionRequest, mode: str) -> Prediction:
         tools = request.tool_dicts()
         if mode == "named":
             tools = [t for t in tools if t["function"]["name"] == request.named_tool]
@@ -329,8 +326,7 @@ class SidecarService:
             ]
             results = await asyncio.gather(*runs)
         except Exception as exc:  # the main model decodes on without us
-            return Prediction(error=f"{type(exc).__name__}: {exc}",
-                              elapsed_ms=(time.perf_counter() - started) * 1000)
+            return Prediction(error=f"{type(exc).__name__}: {exc}")
         candidates: list[list[PredictedCall]] = []
         no_call = False
         for result in results:
@@ -346,7 +342,6 @@ class SidecarService:
             source="sidecar",
             candidates=candidates,
             no_call=no_call and not candidates,
-            elapsed_ms=(time.perf_counter() - started) * 1000,
         )
 
     @staticmethod

@@ -137,6 +137,7 @@ async def test_the_sidecar_parses_its_engines_output_into_a_prediction() -> None
     out = await sidecar('{"name": "get_weather", "arguments": {"city": "Paris"}}').predict(chat())
     assert out.candidates == [PARIS] and not out.no_call and out.error is None
     assert out.passes == 1  # the engine's passes while it predicted: one piece, one pass
+    assert out.elapsed_ms > 0
 
 
 async def test_the_sidecar_reports_no_call_cut_short_and_failure() -> None:
@@ -146,6 +147,7 @@ async def test_the_sidecar_reports_no_call_cut_short_and_failure() -> None:
     assert cut.candidates == [] and not cut.no_call and cut.error is None
     failed = await sidecar("", fail=RuntimeError("engine died")).predict(chat())
     assert failed.error is not None and "engine died" in failed.error
+    assert failed.elapsed_ms > 0  # a failure reports the time it took too
 
 
 async def test_the_sidecar_has_nothing_to_say_without_tools() -> None:
