@@ -695,6 +695,8 @@ def mode_summary(records: Sequence[Record]) -> dict[str, Any]:
         "saved_ms_median": median(sum(t["saved_ms"] or 0.0 for t in r.tool_results)
                                   for r in ok if r.tool_results),
         "steps_median": median(r.steps for r in ok),
+        # A forced call is the whole output: passes to the call, what a prediction races.
+        "steps_median_with_call": median(r.steps for r in ok if r.tool_calls or r.tool_results),
         # `auto` mode: the model may answer in text; passes per committed call compare modes
         # whatever the mix.
         "with_call": share(bool(r.tool_calls or r.tool_results) for r in ok),

@@ -153,13 +153,14 @@ def format_summary(
         # Where a pass costs the same whatever it holds, passes are the readiness (see
         # Prediction.passes).
         passes = sidecar.get("prediction_passes_median")
-        steps = per_mode[baseline].get("steps_median")
+        # The answers without a call (prose, however long) are not what a prediction races.
+        steps = per_mode[baseline].get("steps_median_with_call")
         parts.append(
             f"{name}: prediction ready {_num(0, ' ms')(ready)} (median, from the fan-out) vs "
             f"{baseline} decode {_num(0, ' ms')(decode)}: {_times(ratio_of(ready, decode))} of "
             f"it; vs {baseline}'s time to its call {_num(0, ' ms')(to_call)}: "
             f"{_times(ratio_of(ready, to_call))} of it; sidecar passes "
-            f"{_num(1)(passes)} vs {baseline}'s {_num(1)(steps)} (medians): "
+            f"{_num(1)(passes)} vs {baseline}'s {_num(1)(steps)} to its call (medians): "
             f"{_times(ratio_of(passes, steps))}; agrees with {baseline}'s call on "
             f"{_pct(sidecar.get('agreement_whole'))} "
             f"(whole call), {_pct(sidecar.get('agreement_required'))} (required arguments) "

@@ -693,8 +693,11 @@ def test_passes_per_call_count_only_committed_calls() -> None:
 
 
 def test_the_sidecar_line_compares_its_passes_with_plains() -> None:
+    call = [{"name": "f", "arguments": "{}"}]
     records = [Record(f"c{i}", "c", "plain", 0, steps=steps, first_commit_ms=steps * 50.0,
-                      decode_ms=steps * 40.0) for i, steps in enumerate((40, 60))]
+                      decode_ms=steps * 40.0, tool_calls=call) for i, steps in enumerate((40, 60))]
+    # An answer in prose is not a call the prediction races: its passes are left out.
+    records.append(Record("c9", "c", "plain", 0, steps=500, decode_ms=20_000.0))
     records += [Record(f"c{i}", "c", "sidecar", 1, prediction_ready_ms=ms,
                        prediction_passes=passes)
                 for i, (ms, passes) in enumerate(((1000.0, 10), (1500.0, 14)))]
@@ -702,6 +705,6 @@ def test_the_sidecar_line_compares_its_passes_with_plains() -> None:
                 .split("\n\n") if part.startswith("sidecar: prediction ready"))
     # Medians: ready 1,250 ms vs plain's call at 2,500 ms; 12 passes vs plain's 50.
     assert "vs plain's time to its call 2,500 ms: 0.50x" in line
-    assert "sidecar passes 12.0 vs plain's 50.0 (medians): 0.24x" in line
+    assert "sidecar passes 12.0 vs plain's 50.0 to its call (medians): 0.24x" in line
     assert report.format_summary(summarize(records, ["plain", "sidecar"])).count(
         "sidecar passes to its prediction (median)") == 1
