@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from app.cpu_budget import OverBudget, over_budget, run_with_cpu_budget, thread_cpu_reader
+from tests.unit.loop_ticks import loop_ticks
 
 
 def spin(seconds: float) -> int:
@@ -112,18 +113,9 @@ async def test_work_that_never_starts_is_refused_at_the_wait_cap_and_never_runs(
 
 
 async def test_the_loop_runs_while_the_work_runs_and_errors_come_through() -> None:
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            await asyncio.sleep(0.01)
-            ticks += 1
-
-    task = asyncio.ensure_future(ticker())
-    assert await run_with_cpu_budget(lambda: spin(0.2), 5, 30) > 0
-    task.cancel()
-    assert ticks >= 5
+    async with loop_ticks() as ticks:
+        assert await run_with_cpu_budget(lambda: spin(0.2), 5, 30) > 0
+    assert ticks.count >= 5
 
     def fails() -> None:
         raise ValueError("no")

@@ -3,7 +3,6 @@ vocabulary so it runs without a model."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 
@@ -11,6 +10,7 @@ import pytest
 import xgrammar as xgr
 
 from app.engine.grammar_check import GrammarCheck, GrammarTooSlow
+from tests.unit.loop_ticks import loop_ticks
 
 VOCAB = [chr(c) for c in range(32, 127)] + ['{"', '":', '",', "ab", "</s>"]
 SIMPLE = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
@@ -36,21 +36,12 @@ async def test_a_quick_grammar_passes_and_is_remembered() -> None:
 
 async def test_a_slow_grammar_is_refused_at_the_limit_without_blocking_the_loop() -> None:
     check = checker(0.05)
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            await asyncio.sleep(0.005)
-            ticks += 1
-
-    task = asyncio.ensure_future(ticker())
     started = time.perf_counter()
-    with pytest.raises(GrammarTooSlow, match="CPU time"):
-        await check.check(SLOW)
+    async with loop_ticks(0.005) as ticks:
+        with pytest.raises(GrammarTooSlow, match="CPU time"):
+            await check.check(SLOW)
     elapsed = time.perf_counter() - started
-    task.cancel()
-    assert elapsed < 1 and ticks >= 3
+    assert elapsed < 1 and ticks.count >= 3
     assert not check._fast
 
 

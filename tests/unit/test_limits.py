@@ -16,6 +16,7 @@ from app.api.limits import check_request, json_depth, with_deadline
 from app.api.request_checks import parse_request
 from app.config import LimitsConfig
 from app.openai_models import ChatCompletionRequest
+from tests.unit.loop_ticks import loop_ticks
 
 LIMITS = LimitsConfig(max_json_depth=16, max_messages=3, max_tools=2, max_schema_bytes=300,
                       max_schema_depth=6, max_tokens=100)
@@ -273,25 +274,17 @@ async def test_off_loop_refuses_work_past_its_cpu_time_with_a_400_and_keeps_the_
     from app.api.limits import off_loop
 
     release = threading.Event()
-    ticks = 0
 
     def busy() -> None:
         while not release.wait(0):  # CPU, until released
             pass
 
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            await asyncio.sleep(0.01)
-            ticks += 1
-
-    task = asyncio.ensure_future(ticker())
-    with pytest.raises(ApiError) as caught:
-        await off_loop(busy, 0.3, 60, "checking")
+    async with loop_ticks() as ticks:
+        with pytest.raises(ApiError) as caught:
+            await off_loop(busy, 0.3, 60, "checking")
     release.set()
-    task.cancel()
     assert caught.value.status == 400 and caught.value.code == "request_too_complex"
-    assert ticks >= 10  # the loop ran while the work held its thread
+    assert ticks.count >= 10  # the loop ran while the work held its thread
     assert await off_loop(lambda: 7, 1, 60, "checking") == 7
 
 
