@@ -1,13 +1,15 @@
-"""Compile a forced call's grammar before the engine sees it, with a time limit.
+"""Compile a forced call's grammar before the engine sees it, with a CPU-time limit.
 
 vLLM 0.32 compiles structured-output grammars (xgrammar) in its own thread pool, one worker
 per two cores, and keeps the request in `WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR` until the
 compile ends, however long that is: one slow grammar (a schema of bounded repeats, say) holds
 the pool, and every forced call behind it waits. Here the same compile runs first in a worker
 thread of our own (xgrammar releases the GIL, so the event loop and the engine's step thread
-keep going); past `timeout_s` the request is refused with a 400 and never reaches the engine.
-A compile that timed out still finishes in its thread (it cannot be interrupted); the schema
-caps (app.api.limits) bound how long that takes.
+keep going); once it has spent `timeout_s` of CPU time, or `max_wait_s` have passed, the
+request is refused with a 400 and never reaches the engine. The limit is on CPU time
+(app/cpu_budget.py) because the verdict is about the schema: on a loaded machine a 9 ms compile
+has been refused at a 5 s wall-clock limit. A compile that was refused still finishes in its
+thread (it cannot be interrupted); the schema caps (app.api.limits) bound how long that takes.
 
 Schemas that compiled in time are remembered (by their JSON text), so the tools a client sends
 on every request are checked once.
