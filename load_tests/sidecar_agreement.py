@@ -21,7 +21,6 @@ import asyncio
 import json
 import statistics
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,9 +119,7 @@ async def measure(app_args: dict[str, Any], plain: dict[str, list[Invocation]],
                 for adapter in adapters:
                     body["ooo_spec"] = {"diagnostics": {"sidecar_adapter": adapter}}
                     request = ChatCompletionRequest.model_validate(body)
-                    began = time.perf_counter()
                     prediction = await service.predict(request)
-                    elapsed = (time.perf_counter() - began) * 1000
                     first = prediction.candidates[0] if prediction.candidates else []
                     predicted = [Invocation(name=c.name, arguments=dict(c.arguments))
                                  for c in first]
@@ -131,7 +128,7 @@ async def measure(app_args: dict[str, Any], plain: dict[str, list[Invocation]],
                     tally.whole += same_calls(predicted, main, schemas, required_only=False)
                     tally.required += same_calls(predicted, main, schemas, required_only=True)
                     tally.other_tool += bool(predicted) and predicted[0].name != main[0].name
-                    tally.times_ms.append(elapsed)
+                    tally.times_ms.append(prediction.elapsed_ms)
                     tally.passes.append(prediction.passes)
                     if case.id in steps:
                         tally.plain_steps.append(steps[case.id])
