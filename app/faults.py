@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Collection
 from typing import Any
 
-from app.spec.prediction import PredictedCall, Prediction
+from app.speculation.prediction import PredictedCall, Prediction
 
 # "slow": the sidecar first runs a long generation of its own, so its engine is busy.
 SIDECAR_FAULTS = frozenset({"hang", "slow", "error", "garbage", "wrong_call"})

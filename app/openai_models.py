@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.output_format import ResponseFormat
-from app.spec.reconcile import Outcome
+from app.speculation.reconcile import Outcome
 
 SEED_MIN = -(2**63)
 SEED_MAX = 2**63 - 1
@@ -245,7 +245,7 @@ class ChatCompletionRequest(_Wire):
 
 
 # ----- the ooo_spec report ------------------------------------------------------------------
-# `Outcome` (hit, partial, miss, ...): app/spec/reconcile.py, which decides it.
+# `Outcome` (hit, partial, miss, ...): app/speculation/reconcile.py, which decides it.
 
 
 class CandidateReport(BaseModel):

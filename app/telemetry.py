@@ -59,7 +59,7 @@ if TYPE_CHECKING:
 
     from app.engine.turn import TurnResult
     from app.openai_models import OooSpecReport
-    from app.spec.prediction import Prediction
+    from app.speculation.prediction import Prediction
 
 TRACER_NAME = "ooo_spec"
 DEFAULT_SERVICE_NAME = "ooo-spec"

@@ -20,7 +20,7 @@ from app.engine.main_model import MainModelService
 from app.engine.turn import TurnError, TurnEvent, TurnResult
 from app.engine.vllm_engine import RequestRejected
 from app.openai_models import ChatCompletionRequest
-from app.spec.prediction import Prediction
+from app.speculation.prediction import Prediction
 from deployments.metrics import ServeMetrics
 
 

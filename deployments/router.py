@@ -57,7 +57,7 @@ from app.config import load_config
 from app.engine.history import TENANT_KEY
 from app.engine.tool_formats import get_format
 from app.engine.turn import TurnError, TurnEvent
-from app.spec.prediction import Prediction
+from app.speculation.prediction import Prediction
 from app.tools.registry import DEFAULT_TIMEOUT_S, ToolResult, ToolSpec
 from deployments.metrics import ServeMetrics
 

@@ -18,7 +18,7 @@ from app.engine.sidecar import SidecarService
 from app.engine.vllm_engine import use_cache_salt
 from app.faults import SIDECAR_FAULTS, FaultPlan, garbage_prediction, wrong_prediction
 from app.openai_models import ChatCompletionRequest
-from app.spec.prediction import Prediction
+from app.speculation.prediction import Prediction
 from deployments.fault_handles import FaultHandles
 from deployments.metrics import ServeMetrics
 

@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from app.spec.canonical import Invocation, canonical_invocation
+from app.speculation.canonical import Invocation, canonical_invocation
 from load_tests.agent_scenarios import AgentCase
 from load_tests.bfcl import CORE_CATEGORIES, SUPPORTED_CATEGORIES, BfclCase, load_bfcl, score_calls
 

@@ -42,8 +42,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from app.engine.embedded_model import model_home
-from app.spec.canonical import Invocation
-from app.spec.validation import validate_arguments
+from app.speculation.canonical import Invocation
+from app.speculation.validation import validate_arguments
 
 BFCL_PACKAGE = "bfcl-eval"
 BFCL_VERSION = "2026.3.23"

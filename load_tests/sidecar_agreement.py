@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.spec.canonical import Invocation
+from app.speculation.canonical import Invocation
 
 
 def plain_records(bench_file: Path) -> list[dict[str, Any]]:

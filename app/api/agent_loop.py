@@ -12,7 +12,7 @@ from typing import Any
 
 from app.engine.turn import TurnResult
 from app.openai_models import MainReport, PredictionReport, ToolResultReport
-from app.spec.reconcile import Outcome
+from app.speculation.reconcile import Outcome
 
 
 @dataclass

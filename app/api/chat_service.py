@@ -44,9 +44,9 @@ from app.openai_models import (
     PredictionReport,
     TimingsReport,
 )
-from app.spec.canonical import Invocation
-from app.spec.prediction import Prediction
-from app.spec.reconcile import Outcome, classify_outcome
+from app.speculation.canonical import Invocation
+from app.speculation.prediction import Prediction
+from app.speculation.reconcile import Outcome, classify_outcome
 from app.telemetry import HitRateWindow, MetricsSink, NullMetrics
 
 logger = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ from app.api.errors import ApiError
 from app.config import LimitsConfig
 from app.cpu_budget import OverBudget, run_with_cpu_budget
 from app.openai_models import ChatCompletionRequest
-from app.spec.schema_limits import expansion_size, pattern_problem, schema_patterns
-from app.spec.validation import check_schema
+from app.speculation.schema_limits import expansion_size, pattern_problem, schema_patterns
+from app.speculation.validation import check_schema
 
 T = TypeVar("T")
 

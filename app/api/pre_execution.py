@@ -28,9 +28,9 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from app.openai_models import ToolResultReport
-from app.spec.canonical import Invocation
-from app.spec.prediction import Prediction
-from app.spec.validation import validate_arguments
+from app.speculation.canonical import Invocation
+from app.speculation.prediction import Prediction
+from app.speculation.validation import validate_arguments
 from app.tools.policy import PreExecutionLedger
 from app.tools.registry import ToolResult, ToolSpec
 

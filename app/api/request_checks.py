@@ -12,7 +12,7 @@ from app.api.limits import (
 )
 from app.config import LimitsConfig
 from app.openai_models import ChatCompletionRequest
-from app.spec.validation import check_schema
+from app.speculation.validation import check_schema
 
 
 def parse_request(

@@ -23,7 +23,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from app.spec.prediction import PredictedCall
+from app.speculation.prediction import PredictedCall
 
 _WORD = re.compile(r"\w+")
 

@@ -48,9 +48,9 @@ from app.engine.turn import (
 )
 from app.engine.vllm_engine import GenerationTally, VllmEngine
 from app.openai_models import CandidateReport, ChatCompletionRequest, MainReport
-from app.spec.canonical import Invocation
-from app.spec.prediction import Prediction
-from app.spec.validation import validate_arguments
+from app.speculation.canonical import Invocation
+from app.speculation.prediction import Prediction
+from app.speculation.validation import validate_arguments
 
 logger = logging.getLogger(__name__)
 

@@ -37,8 +37,8 @@ from app.engine.tool_format import (
 )
 from app.engine.vllm_engine import USE_ADAPTER, VllmEngine
 from app.openai_models import ChatCompletionRequest
-from app.spec.prediction import PredictedCall, Prediction
-from app.spec.tool_union import NO_CALL_NAME, invocation_union_schema
+from app.speculation.prediction import PredictedCall, Prediction
+from app.speculation.tool_union import NO_CALL_NAME, invocation_union_schema
 
 logger = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ import json
 import re
 from typing import Any
 
-from app.spec.prediction import PredictedCall
-from app.spec.tool_union import grammar_safe_schema
+from app.speculation.prediction import PredictedCall
+from app.speculation.tool_union import grammar_safe_schema
 
 INDENT = "    "
 

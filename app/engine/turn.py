@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from app.openai_models import CandidateReport, MainReport
-from app.spec.canonical import Invocation
+from app.speculation.canonical import Invocation
 
 SidecarStatus = Literal["pending", "received", "error", "late", "none"]
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from app.spec.canonical import Invocation, canonical_invocation
+from app.speculation.canonical import Invocation, canonical_invocation
 from app.tools.registry import ToolResult, ToolSpec
 
 

@@ -29,7 +29,7 @@ import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from app.config import ToolOverride
-from app.spec.validation import (
+from app.speculation.validation import (
     SUBSCHEMA_KEYWORDS,
     SUBSCHEMA_LIST_KEYWORDS,
     SUBSCHEMA_MAP_KEYWORDS,
@@ -525,7 +525,7 @@ def _inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
                 raise _Recursive
             out.update(inline(defs[target], (*stack, target)))
         # Only subschema keywords are walked: `default`, `enum`, `const` and property names
-        # are data and stay exactly as they are (see app.spec.validation.SUBSCHEMA_KEYWORDS).
+        # are data and stay exactly as they are (see app.speculation.validation.SUBSCHEMA_KEYWORDS).
         for keyword, value in node.items():
             if keyword in ("$ref", "$defs"):
                 continue

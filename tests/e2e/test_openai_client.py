@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from app.spec.validation import validate_arguments
+from app.speculation.validation import validate_arguments
 
 pytestmark = pytest.mark.e2e
 

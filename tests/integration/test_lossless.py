@@ -31,7 +31,7 @@ from app.engine.tool_format import (
 from app.engine.turn import TurnResult
 from app.engine.vllm_engine import VllmEngine
 from app.openai_models import CandidateReport, ChatCompletionRequest
-from app.spec.prediction import PredictedCall, Prediction
+from app.speculation.prediction import PredictedCall, Prediction
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ from app.config import AppConfig, SidecarConfig
 from app.engine import slot_filling
 from app.engine.sidecar import SidecarService
 from app.openai_models import ChatCompletionRequest
-from app.spec.validation import validate_arguments
+from app.speculation.validation import validate_arguments
 from tests.integration.test_lossless import PROMPTS, TOOLS
 
 pytestmark = pytest.mark.integration

@@ -29,8 +29,8 @@ from app.engine.sidecar import SidecarService
 from app.engine.tool_format import parse_forced
 from app.engine.vllm_engine import USE_ADAPTER, EngineError
 from app.openai_models import ChatCompletionRequest
-from app.spec.prediction import Prediction
-from app.spec.validation import validate_arguments
+from app.speculation.prediction import Prediction
+from app.speculation.validation import validate_arguments
 from tests.integration.test_lossless import PROMPTS, TOOLS
 
 pytestmark = pytest.mark.integration

@@ -15,8 +15,8 @@ from app.api.chat_service import ChatService
 from app.api.pre_execution import PreExecution, ToolPolicy, speculable_calls
 from app.engine.turn import TurnDelta, TurnEvent, TurnResult
 from app.openai_models import ChatCompletionRequest, MainReport
-from app.spec.canonical import Invocation
-from app.spec.prediction import Prediction
+from app.speculation.canonical import Invocation
+from app.speculation.prediction import Prediction
 from app.tools.policy import may_pre_execute
 from app.tools.registry import ToolOutput, ToolRegistry, ToolResult, ToolSpec
 from tests.unit.turns import turn_result

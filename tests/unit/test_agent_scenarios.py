@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from app.openai_models import ChatCompletionRequest
-from app.spec.validation import validate_arguments
+from app.speculation.validation import validate_arguments
 from app.tools.registry import ToolRegistry, ToolSpec
 from load_tests.agent_scenarios import (
     KEYS,

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from app.spec.canonical import Invocation
-from app.spec.tool_union import invocation_union_schema
-from app.spec.validation import check_schema, validate_arguments
+from app.speculation.canonical import Invocation
+from app.speculation.tool_union import invocation_union_schema
+from app.speculation.validation import check_schema, validate_arguments
 from load_tests.bfcl import (
     CORE_CATEGORIES,
     BfclCase,

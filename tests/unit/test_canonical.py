@@ -1,4 +1,4 @@
-"""Canonical form and equality of tool invocations (app.spec.canonical)."""
+"""Canonical form and equality of tool invocations (app.speculation.canonical)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.spec.canonical import (
+from app.speculation.canonical import (
     Invocation,
     canonical_arguments,
     canonical_invocation,

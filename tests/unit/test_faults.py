@@ -11,8 +11,8 @@ from app.faults import (
     garbage_prediction,
     wrong_prediction,
 )
-from app.spec.prediction import Prediction
-from app.spec.validation import validate_arguments
+from app.speculation.prediction import Prediction
+from app.speculation.validation import validate_arguments
 
 
 class Clock:

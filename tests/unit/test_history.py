@@ -1,5 +1,5 @@
 from app.engine.history import InvocationHistory, request_text, similarity, words
-from app.spec.prediction import PredictedCall
+from app.speculation.prediction import PredictedCall
 
 
 def call(name: str, **arguments: object) -> PredictedCall:

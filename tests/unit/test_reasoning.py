@@ -21,8 +21,8 @@ from app.engine.reasoning import Reasoning
 from app.engine.turn import TurnResult
 from app.engine.vllm_engine import StepDelta
 from app.openai_models import ChatCompletionRequest
-from app.spec.canonical import Invocation
-from app.spec.prediction import PredictedCall, Prediction
+from app.speculation.canonical import Invocation
+from app.speculation.prediction import PredictedCall, Prediction
 
 
 @cache

@@ -1,4 +1,4 @@
-"""Bounds on schema work (app.spec.schema_limits) and RE2 matching in validation."""
+"""Bounds on schema work (app.speculation.schema_limits) and RE2 matching in validation."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from app.spec.schema_limits import expansion_size, pattern_problem, schema_patterns
-from app.spec.validation import validate_arguments
+from app.speculation.schema_limits import expansion_size, pattern_problem, schema_patterns
+from app.speculation.validation import validate_arguments
 
 
 def doubling_schema(levels: int) -> dict[str, Any]:

@@ -15,8 +15,8 @@ from app.engine.main_model import MainModelService
 from app.engine.sidecar import SidecarService
 from app.engine.turn import TurnDelta, TurnError, TurnResult
 from app.openai_models import ChatCompletionRequest
-from app.spec.canonical import Invocation
-from app.spec.prediction import PredictedCall, Prediction
+from app.speculation.canonical import Invocation
+from app.speculation.prediction import PredictedCall, Prediction
 from tests.unit.fake_engine import FakeEngine
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {

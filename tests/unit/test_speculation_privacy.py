@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from app.api.pre_execution import PreExecution, ToolPolicy
-from app.spec.canonical import Invocation
-from app.spec.prediction import Prediction
+from app.speculation.canonical import Invocation
+from app.speculation.prediction import Prediction
 from app.tools.registry import ToolResult, ToolSpec
 
 SCHEMA = {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}

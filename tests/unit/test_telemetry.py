@@ -22,7 +22,7 @@ from app.api.errors import ApiError
 from app.config import TelemetryConfig, load_config
 from app.engine.turn import TurnError
 from app.openai_models import OooSpecReport
-from app.spec.prediction import Prediction
+from app.speculation.prediction import Prediction
 from app.telemetry import (
     PRE_EXECUTIONS,
     REQUESTS,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.spec.canonical import Invocation, canonical_invocation
+from app.speculation.canonical import Invocation, canonical_invocation
 from app.tools.policy import PreExecutionLedger, may_pre_execute
 from app.tools.registry import ToolResult, ToolSpec
 

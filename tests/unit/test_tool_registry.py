@@ -12,7 +12,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from app.config import ToolOverride
-from app.spec.validation import check_schema
+from app.speculation.validation import check_schema
 from app.tools.registry import (
     ToolDefinitionError,
     ToolRegistry,

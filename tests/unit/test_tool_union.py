@@ -1,4 +1,4 @@
-"""The sidecar's output schema over a request's tools (app.spec.tool_union)."""
+"""The sidecar's output schema over a request's tools (app.speculation.tool_union)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from app.spec.tool_union import (
+from app.speculation.tool_union import (
     NO_CALL_NAME,
     grammar_safe_schema,
     invocation_union_schema,
 )
-from app.spec.validation import check_schema, validate_arguments
+from app.speculation.validation import check_schema, validate_arguments
 
 
 def _tool(name: str, parameters: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""JSON Schema validation of tool schemas and arguments (app.spec.validation)."""
+"""JSON Schema validation of tool schemas and arguments (app.speculation.validation)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from app.spec.validation import (
+from app.speculation.validation import (
     check_schema,
     compiled_validator,
     is_valid_against,

@@ -6,7 +6,7 @@ from typing import Any
 
 from app.engine.turn import SidecarDelivery, SidecarStatus, TurnResult
 from app.openai_models import CandidateReport, MainReport
-from app.spec.canonical import Invocation
+from app.speculation.canonical import Invocation
 
 
 def turn_result(

@@ -8,7 +8,7 @@ lists `{"$ref": level n+1}` twice in its `allOf` doubles validation and grammar 
   branch is expanded, counted up to a budget (a reference already being expanded on the path,
   i.e. recursion, is not expanded again: it is bounded by the data, not by the schema);
 - `pattern_problem`: a regex must fit a length cap, compile in RE2 (linear-time matching; the
-  server matches patterns with RE2, see app.spec.validation) and not nest unbounded repeats
+  server matches patterns with RE2, see app.speculation.validation) and not nest unbounded repeats
   that can split the same text in many ways (`(a+)+`, `(\\w+\\s?)*`): other engines that see
   the schema (a client's validator, the grammar compiler) would backtrack on those;
 - `schema_patterns`: every regex of a schema (`pattern` values, `patternProperties` keys).
@@ -24,7 +24,7 @@ from typing import Any
 
 import re2
 
-from app.spec.validation import (
+from app.speculation.validation import (
     SUBSCHEMA_KEYWORDS,
     SUBSCHEMA_LIST_KEYWORDS,
     SUBSCHEMA_MAP_KEYWORDS,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from app.spec.canonical import Invocation, multiset_match
+from app.speculation.canonical import Invocation, multiset_match
 
 Outcome = Literal["hit", "partial", "miss", "no_call", "disabled", "sidecar_error", "sidecar_late"]
 

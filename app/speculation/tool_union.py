@@ -15,7 +15,7 @@ tools (or an explicit "no call"), so every prediction parses and names a real to
 The union must compile in both of vLLM's JSON grammar backends (xgrammar, llguidance), so each
 tool schema is *relaxed* to keywords both support: whatever is dropped only makes the grammar
 accept more, never less, and the candidate is validated against the full schema afterwards
-(`app.spec.validation`). Dropped: `format`s outside `GRAMMAR_FORMATS` (llguidance rejects
+(`app.speculation.validation`). Dropped: `format`s outside `GRAMMAR_FORMATS` (llguidance rejects
 unknown formats and xgrammar only knows these), `format` next to `minLength`/`maxLength` and
 length bounds next to `pattern` (xgrammar cannot combine them), `multipleOf`, `uniqueItems`,
 `contains`, `not`, `if`/`then`/`else`, `dependent*`, `propertyNames`, `unevaluated*`,
@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from app.spec.validation import (
+from app.speculation.validation import (
     SUBSCHEMA_KEYWORDS,
     SUBSCHEMA_LIST_KEYWORDS,
     SUBSCHEMA_MAP_KEYWORDS,

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from app.spec.canonical import Invocation
+from app.speculation.canonical import Invocation
 
 # A predicted call is an `Invocation`, the one call type from the sidecar to reconciliation;
 # the name stays for the candidate sources that build them.

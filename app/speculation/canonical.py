@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.spec.validation import is_valid_against, resolve_local_ref
+from app.speculation.validation import is_valid_against, resolve_local_ref
 
 # `$ref` chains followed without descending into the data; more means a cycle like
 # {"$defs": {"a": {"$ref": "#/$defs/a"}}}, which has no defaults to give anyway.
