@@ -18,12 +18,16 @@ k8s/render_kustomize.py, the pure-Python subset of kustomize documented there, a
   for its deployments at their max_replicas;
 - wiring: the OTel endpoint reaches the Jaeger Service and pods, every container has requests and
   limits, worker readiness goes through Serve's proxy health on Serve's port, images are set.
+- network (issue #29): default deny in and out; each pod (with the labels KubeRay adds) is
+  reached by and reaches only the peers it needs; tool workers have no egress but DNS, Ray peers
+  and the OTLP collector, and no Ray pod reaches the head's dashboard (8265).
 """
 
 from __future__ import annotations
 
 import copy
 import importlib.util
+import ipaddress
 import json
 import math
 import os
@@ -835,11 +839,14 @@ def test_pods_and_containers_are_locked_down(overlay: str) -> None:
         assert mount["name"] not in names, "Ray's own containers get no token"
 
 
-# What a NetworkPolicy admits, for the checks below: a peer is matched by labels only.
-Peer = tuple[str, str]  # ("pods" | "namespace" | "namespace+pods", sorted labels as JSON)
+# What a NetworkPolicy admits, for the checks below: a peer is matched by labels (an IP block,
+# allowed in egress rules only, by its CIDR).
+Peer = tuple[str, str]  # ("pods" | "namespace" | "namespace+pods" | "ip", labels or CIDR as JSON)
 
 
 def _peer(peer: Obj) -> Peer:
+    if "ipBlock" in peer:
+        return "ip", json.dumps(peer["ipBlock"], sort_keys=True)
     kinds = []
     labels: dict[str, str] = {}
     if "namespaceSelector" in peer:
@@ -848,28 +855,118 @@ def _peer(peer: Obj) -> Peer:
     if "podSelector" in peer:
         kinds.append("pods")
         labels.update(peer["podSelector"].get("matchLabels", {}))
-    assert "ipBlock" not in peer, "no IP blocks: peers are chosen by labels"
     return "+".join(kinds), json.dumps(labels, sort_keys=True)
+
+
+def _ports_include(rule: Obj, port: int) -> bool:
+    """A rule's `ports` (none: every port) include `port`; `endPort` makes a range."""
+    ports = rule.get("ports")
+    if not ports:
+        return True
+    for entry in ports:
+        assert isinstance(entry.get("port"), int), "ports are numbers, not names"
+        if entry["port"] <= port <= entry.get("endPort", entry["port"]):
+            return True
+    return False
+
+
+def _rules(objects: list[Obj], pod_labels: dict[str, str], direction: str) -> Iterator[Obj]:
+    """`ingress` or `egress` rules of every policy that selects a pod with `pod_labels`."""
+    policy_type = direction.capitalize()
+    for policy in (o for o in objects if o["kind"] == "NetworkPolicy"):
+        spec = policy["spec"]
+        assert "matchExpressions" not in spec["podSelector"], "selectors are matchLabels only"
+        selector = spec["podSelector"].get("matchLabels", {})
+        if selector.items() <= pod_labels.items() and policy_type in spec["policyTypes"]:
+            yield from spec.get(direction, [])
 
 
 def admitted(objects: list[Obj], pod_labels: dict[str, str], port: int) -> set[Peer]:
     """Peers that some NetworkPolicy lets reach `port` of a pod with `pod_labels`."""
     peers: set[Peer] = set()
-    for policy in (o for o in objects if o["kind"] == "NetworkPolicy"):
-        selector = policy["spec"]["podSelector"].get("matchLabels", {})
-        if not selector.items() <= pod_labels.items():
-            continue
-        assert "Ingress" in policy["spec"]["policyTypes"]
-        for rule in policy["spec"].get("ingress", []):
-            ports = {p["port"] for p in rule.get("ports", [])}
-            if ports and port not in ports:
-                continue
+    for rule in _rules(objects, pod_labels, "ingress"):
+        if _ports_include(rule, port):
             for peer in rule.get("from", [{"podSelector": {}}]):
+                assert "ipBlock" not in peer, "no IP blocks in ingress: peers are chosen by labels"
                 peers.add(_peer(peer))
     return peers
 
 
+def egress_peers(objects: list[Obj], pod_labels: dict[str, str], port: int) -> set[Peer]:
+    """Destinations that some NetworkPolicy lets a pod with `pod_labels` open `port` on."""
+    peers: set[Peer] = set()
+    for rule in _rules(objects, pod_labels, "egress"):
+        if _ports_include(rule, port):
+            for peer in rule.get("to", [{"ipBlock": {"cidr": "0.0.0.0/0"}}]):
+                peers.add(_peer(peer))
+    return peers
+
+
+def _selects(peer: Obj, labels: dict[str, str], namespace: str) -> bool:
+    """Whether `peer` can match a pod with `labels` in `namespace`. An IP block may hold pod
+    addresses, so it counts as matching (the checks below want none where it matters)."""
+    if "ipBlock" in peer:
+        return True
+    namespaces = peer.get("namespaceSelector")
+    if namespaces is not None and not (
+        namespaces.get("matchLabels", {}).items()
+        <= {"kubernetes.io/metadata.name": namespace}.items()
+    ):
+        return False
+    pods = peer.get("podSelector", {}).get("matchLabels", {})
+    return bool(pods.items() <= labels.items())
+
+
+def connects(
+    objects: list[Obj], source: dict[str, str], target: dict[str, str], port: int
+) -> bool:
+    """A pod with labels `source` can open `port` on a pod with labels `target` (same
+    namespace): the source's egress rules and the target's ingress rules both allow it."""
+    namespace = the(objects, "RayService")["metadata"].get("namespace", "default")
+    out = any(
+        _ports_include(rule, port)
+        and any(_selects(p, target, namespace) for p in rule.get("to", [{"ipBlock": {}}]))
+        for rule in _rules(objects, source, "egress")
+    )
+    into = any(
+        _ports_include(rule, port)
+        and any(_selects(p, source, namespace) for p in rule.get("from", [{"podSelector": {}}]))
+        for rule in _rules(objects, target, "ingress")
+    )
+    return out and into
+
+
+def pod_labels(rayservice: Obj) -> dict[str, dict[str, str]]:
+    """The labels of each group's pods once KubeRay creates them: the template's, plus those
+    KubeRay v1.7 adds to every Ray pod (`labelPod` in ray-operator/controllers/ray/common/pod.go:
+    `ray.io/node-type`, `ray.io/group` (the head's group is `headgroup`), `ray.io/is-ray-node`,
+    `ray.io/cluster` (generated by the RayService, so no policy can name it))."""
+    cluster = rayservice["spec"]["rayClusterConfig"]
+    kuberay = {"ray.io/is-ray-node": "yes", "ray.io/cluster": "ooo-spec-raycluster-x1y2z"}
+    labels = {
+        "head": {
+            **cluster["headGroupSpec"]["template"]["metadata"]["labels"],
+            **kuberay, "ray.io/node-type": "head", "ray.io/group": "headgroup",
+        }
+    }
+    for name, group in groups(rayservice).items():
+        labels[name] = {
+            **group["template"]["metadata"]["labels"],
+            **kuberay, "ray.io/node-type": "worker", "ray.io/group": name,
+        }
+    return labels
+
+
 RAY_PODS: Peer = ("pods", json.dumps({"app.kubernetes.io/name": "ooo-spec"}))
+RAY_WORKERS: Peer = ("pods", json.dumps(
+    {"app.kubernetes.io/name": "ooo-spec", "ray.io/node-type": "worker"}, sort_keys=True))
+RAY_HEAD: Peer = ("pods", json.dumps(
+    {"app.kubernetes.io/name": "ooo-spec", "ray.io/node-type": "head"}, sort_keys=True))
+JAEGER: Peer = ("pods", json.dumps({"app.kubernetes.io/name": "jaeger"}))
+DNS: Peer = ("namespace+pods", json.dumps(
+    {"k8s-app": "kube-dns", "ns:kubernetes.io/metadata.name": "kube-system"}, sort_keys=True))
+# The tool workers' worker group (the ToolWorker deployment's pool, cpu_pool).
+TOOL_GROUP = "cpu"
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -878,33 +975,44 @@ def test_network_policies_deny_by_default_and_admit_only_the_expected_peers(
 ) -> None:
     objects = rendered(overlay)
     policies = [o for o in objects if o["kind"] == "NetworkPolicy"]
-    deny = [p for p in policies if p["spec"]["podSelector"] == {} and not p["spec"].get("ingress")]
-    assert deny and "Ingress" in deny[0]["spec"]["policyTypes"], "no default-deny policy"
+    deny = [
+        p for p in policies
+        if p["spec"]["podSelector"] == {} and not p["spec"].get("ingress")
+        and not p["spec"].get("egress")
+    ]
+    assert deny and {"Ingress", "Egress"} <= set(deny[0]["spec"]["policyTypes"]), (
+        "no default-deny policy for both directions"
+    )
     for policy in policies:
         for rule in policy["spec"].get("ingress", []):
             assert rule.get("from"), f"{policy['metadata']['name']}: a rule open to everyone"
+        for rule in policy["spec"].get("egress", []):
+            assert rule.get("to"), f"{policy['metadata']['name']}: egress to everywhere"
 
     rayservice = the(objects, "RayService")
-    cluster = rayservice["spec"]["rayClusterConfig"]
-    head = cluster["headGroupSpec"]["template"]["metadata"]["labels"]
-    workers = [g["template"]["metadata"]["labels"] for g in cluster["workerGroupSpecs"]]
+    labels = pod_labels(rayservice)
+    head = labels["head"]
+    workers = [v for k, v in labels.items() if k != "head"]
     ingress = ("namespace", json.dumps({"ns:kubernetes.io/metadata.name": "ingress-nginx"}))
     monitoring = ("namespace", json.dumps({"ns:kubernetes.io/metadata.name": "monitoring"}))
     operator = ("namespace+pods", json.dumps(
         {"app.kubernetes.io/name": "kuberay-operator",
          "ns:kubernetes.io/metadata.name": "kuberay-system"}, sort_keys=True))
-    # GCS, client, a raylet's random port: Ray pods only. Dashboard: also the operator.
-    for labels in (head, *workers):
-        assert admitted(objects, labels, 6379) == {RAY_PODS}
-        assert admitted(objects, labels, 10001) == {RAY_PODS}
-        assert admitted(objects, labels, 41234) == {RAY_PODS}
-        assert admitted(objects, labels, 8000) == {RAY_PODS, ingress}
-        assert admitted(objects, labels, 8080) == {RAY_PODS, monitoring}
-    assert admitted(objects, head, 8265) == {RAY_PODS, operator}
+    # GCS, a raylet's random port: Ray pods only.
+    for pod in (head, *workers):
+        assert admitted(objects, pod, 6379) == {RAY_PODS}
+        assert admitted(objects, pod, 41234) == {RAY_PODS}
+        assert admitted(objects, pod, 8000) == {RAY_PODS, ingress}
+        assert admitted(objects, pod, 8080) == {RAY_PODS, monitoring}
+    # The dashboard (jobs API: code execution) only from the operator; the Ray client server
+    # from no one. On a worker these are just ports Ray may pick at random.
+    assert admitted(objects, head, 8265) == {operator}
+    assert admitted(objects, head, 10001) == set()
     # The autoscaler's metrics (pending nodes, issue #21): Prometheus reaches the head's too.
     assert admitted(objects, head, 44217) == {RAY_PODS, monitoring}
-    for labels in workers:
-        assert admitted(objects, labels, 8265) == {RAY_PODS}
+    for pod in workers:
+        assert admitted(objects, pod, 8265) == {RAY_PODS}
+        assert admitted(objects, pod, 10001) == {RAY_PODS}
 
     jaeger = the(objects, "Deployment", "jaeger")["spec"]["template"]["metadata"]["labels"]
     for port in (4317, 4318):
@@ -913,9 +1021,86 @@ def test_network_policies_deny_by_default_and_admit_only_the_expected_peers(
     assert admitted(objects, jaeger, 16686) == {ui}
     assert admitted(objects, jaeger, 13133) == set()  # health: the kubelet's probes only
     # The ports the checks name are the ones the pods serve.
-    head_ports = {p["containerPort"] for p in cluster["headGroupSpec"]["template"]["spec"][
-        "containers"][0]["ports"]}
+    head_ports = {p["containerPort"] for p in rayservice["spec"]["rayClusterConfig"][
+        "headGroupSpec"]["template"]["spec"]["containers"][0]["ports"]}
     assert {6379, 8265, 10001, 8000, 8080, 44217} <= head_ports
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_egress_is_denied_but_for_what_each_pod_needs(overlay: str) -> None:
+    """Issue #29: every pod resolves names; Ray pods reach their peers (not the head's
+    dashboard or client ports) and the OTLP receivers; only the head, for its autoscaler, reaches
+    the API server, never the link-local metadata range; Jaeger opens nothing else."""
+    objects = rendered(overlay)
+    labels = pod_labels(the(objects, "RayService"))
+    jaeger = the(objects, "Deployment", "jaeger")["spec"]["template"]["metadata"]["labels"]
+    for pod in (*labels.values(), jaeger):
+        assert DNS in egress_peers(objects, pod, 53)
+        assert egress_peers(objects, pod, 80) <= {RAY_WORKERS, RAY_HEAD}, "no web egress"
+    assert egress_peers(objects, jaeger, 4318) == set()
+    api_server = ("ip", json.dumps({"cidr": "0.0.0.0/0", "except": ["169.254.0.0/16"]}))
+    for name, pod in labels.items():
+        assert egress_peers(objects, pod, 6379) == {RAY_WORKERS, RAY_HEAD}
+        assert egress_peers(objects, pod, 41234) == {RAY_WORKERS, RAY_HEAD}
+        assert egress_peers(objects, pod, 4318) == {RAY_WORKERS, RAY_HEAD, JAEGER}
+        assert egress_peers(objects, pod, 8265) == {RAY_WORKERS}
+        expected_https = {RAY_WORKERS, RAY_HEAD} | ({api_server} if name == "head" else set())
+        assert egress_peers(objects, pod, 443) == expected_https
+        assert connects(objects, pod, jaeger, 4318)
+        assert connects(objects, pod, labels["head"], 6379)
+        if name != "head":
+            assert not connects(objects, pod, labels["head"], 8265), f"{name} reaches 8265"
+            assert not connects(objects, pod, labels["head"], 10001), f"{name} reaches 10001"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_tool_workers_have_no_egress_by_default(overlay: str) -> None:
+    """The tool workers (and the MCP servers they start) leave their pod only for DNS, their
+    Ray peers and the trace collector: no IP block, no other namespace, no metadata endpoint, no
+    API server, no dashboard. A tool marked `egress` needs a grant from k8s/egress/."""
+    objects = rendered(overlay)
+    rayservice = the(objects, "RayService")
+    args = AppConfig.model_validate(app_args(objects))
+    deployments = {d["name"]: d for d in serve_config(objects)["applications"][0]["deployments"]}
+    pool = f"{TOOL_GROUP}_pool"
+    assert pool in deployments["ToolWorker"]["ray_actor_options"]["resources"]
+    assert pool in groups(rayservice)[TOOL_GROUP]["resources"]
+    assert args.tool_worker.allow_egress is False
+    tools = pod_labels(rayservice)[TOOL_GROUP]
+    allowed: set[Peer] = set()
+    for rule in _rules(objects, tools, "egress"):
+        for peer in rule["to"]:
+            allowed.add(_peer(peer))
+            if "namespaceSelector" in peer:
+                assert _peer(peer) == DNS and {p["port"] for p in rule["ports"]} == {53}
+    assert allowed == {DNS, RAY_WORKERS, RAY_HEAD, JAEGER}
+    head = pod_labels(rayservice)["head"]
+    for port in (8265, 10001):
+        assert not connects(objects, tools, head, port)
+    grants = [p for p in objects if p["kind"] == "NetworkPolicy" and "ooo-spec.io/tool" in
+              p["metadata"].get("labels", {})]
+    assert grants == [], "no tool's egress grant is part of an overlay by default"
+
+
+def test_tool_egress_grant_template_opens_one_destination_to_the_tool_workers_only() -> None:
+    """k8s/egress/tool-egress.example.yaml: what an operator copies to let one `egress` tool
+    reach its service. It selects the tool workers' pods only, names its tool, opens one CIDR
+    and port, and keeps the metadata range out."""
+    docs = list(yaml.safe_load_all((K8S / "egress" / "tool-egress.example.yaml").read_text()))
+    assert len(docs) == 1
+    policy = docs[0]
+    kubernetes_validate.validate(policy, K8S_VERSION, strict=True)
+    assert policy["metadata"]["labels"]["ooo-spec.io/tool"]
+    assert policy["spec"]["policyTypes"] == ["Egress"]
+    assert policy["spec"]["podSelector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "ooo-spec", "ray.io/group": TOOL_GROUP,
+    }
+    (rule,) = policy["spec"]["egress"]
+    (peer,) = rule["to"]
+    assert not ipaddress.ip_network(peer["ipBlock"]["cidr"]).overlaps(
+        ipaddress.ip_network("169.254.0.0/16")
+    )
+    assert len(rule["ports"]) == 1
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
