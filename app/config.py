@@ -461,6 +461,17 @@ class FaultInjectionConfig(_Strict):
 class ToolOverride(_Strict):
     """Operator's correction of one registered tool's flags; unset fields keep the tool's own."""
 
+    check_threads: int = Field(
+        4, ge=1, le=64,
+        description="Threads of a replica's check pool (app/check_pool.py), in which the "
+        "grammar checks run: bounded, shared by identical requests, fair between tenants.",
+    )
+    check_threads_per_tenant: int = Field(
+        1, ge=1,
+        description="Most of the check pool's threads one tenant (API key; anonymous callers "
+        "are one tenant) holds at once, a refused compile that still runs included: one "
+        "tenant's slow schemas leave the other threads to the others.",
+    )
     idempotent: bool | None = Field(
         None,
         description="Running the tool twice with the same arguments is as safe as running it "

@@ -54,9 +54,10 @@ def thread_cpu_reader() -> Callable[[], float]:
     return lambda: time.clock_gettime(clock) - start
 
 
-class _Meter:
+class CpuMeter:
     """The CPU time of one piece of work in its worker thread; 0 until the work starts, fixed
-    when it ends (the thread then goes on to other work)."""
+    when it ends (the thread then goes on to other work). `start` and `stop` run in the worker
+    thread, `cpu_s` anywhere."""
 
     def __init__(self) -> None:
         self._read: Callable[[], float] | None = None
@@ -84,7 +85,7 @@ async def run_with_cpu_budget(
     """`work()` in a thread of `executor` (the loop's default one if None); `OverBudget` once it
     has spent `cpu_limit_s` of CPU time, or `max_wait_s` have passed, without ending."""
     loop = asyncio.get_running_loop()
-    meter = _Meter()
+    meter = CpuMeter()
 
     def metered() -> T:
         meter.start()

@@ -3,16 +3,20 @@
 vLLM 0.32 compiles structured-output grammars (xgrammar) in its own thread pool, one worker
 per two cores, and keeps the request in `WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR` until the
 compile ends, however long that is: one slow grammar (a schema of bounded repeats, say) holds
-the pool, and every forced call behind it waits. Here the same compile runs first in a worker
-thread of our own (xgrammar releases the GIL, so the event loop and the engine's step thread
-keep going); once it has spent `timeout_s` of CPU time, or `max_wait_s` have passed, the
-request is refused with a 400 and never reaches the engine. The limit is on CPU time
-(app/cpu_budget.py) because the verdict is about the schema: on a loaded machine a 9 ms compile
-has been refused at a 5 s wall-clock limit. A compile that was refused still finishes in its
-thread (it cannot be interrupted); the schema caps (app.api.limits) bound how long that takes.
+the pool, and every forced call behind it waits. Here the same compile runs first in a
+replica's check pool (app/check_pool.py: a few threads, shared by identical requests, at most
+`per_tenant` of them for one tenant, served round-robin over tenants; xgrammar releases the GIL,
+so the event loop and the engine's step thread keep going); once it has spent `timeout_s` of
+CPU time, or `max_wait_s` have passed, the request is refused with a 400 and never reaches the
+engine. The limit is on CPU time (app/cpu_budget.py) because the verdict is about the schema:
+on a loaded machine a 9 ms compile has been refused at a 5 s wall-clock limit. A compile that
+was refused still finishes in its thread (it cannot be interrupted), holding its tenant's share
+of the pool until then; the schema caps (app.api.limits) bound how long that takes.
 
-Schemas that compiled in time are remembered (by their JSON text), so the tools a client sends
-on every request are checked once.
+Verdicts are remembered per tenant (by the grammar's text): the tools a client sends on every
+request are checked once, and a grammar that spent the CPU limit is refused at once the next
+time instead of being compiled again. The main replica checks the forced call's grammar, the
+sidecar the grammars of its own engine requests (union, slots, names, verify).
 """
 
 from __future__ import annotations
@@ -20,14 +24,17 @@ from __future__ import annotations
 import json
 import logging
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Literal
 
-from app.cpu_budget import OverBudget, run_with_cpu_budget
+from app.check_pool import CheckPool
+from app.config import LimitsConfig
+from app.cpu_budget import OverBudget
 
 logger = logging.getLogger(__name__)
 
 _REMEMBERED = 1024
+
+GrammarKind = Literal["json", "ebnf", "regex"]
 
 
 class GrammarTooSlow(Exception):
@@ -41,10 +48,18 @@ def tokenizer_info(tokenizer: Any, vocab_size: int | None) -> Any:
     return xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
 
 
+def check_pool(limits: LimitsConfig, name: str) -> CheckPool:
+    """A replica's check pool as `limits` size it (`check_threads`, `check_threads_per_tenant`,
+    the latter at most the former)."""
+    return CheckPool(limits.check_threads,
+                     min(limits.check_threads_per_tenant, limits.check_threads), name)
+
+
 class GrammarCheck:
-    def __init__(self, info: Any, timeout_s: float, max_wait_s: float) -> None:
+    def __init__(self, info: Any, timeout_s: float, max_wait_s: float, pool: CheckPool) -> None:
         """`info`: the engine's vocabulary as an `xgrammar.TokenizerInfo` (`tokenizer_info`);
-        `timeout_s`: the compile's CPU time; `max_wait_s`: the wait, however little CPU."""
+        `timeout_s`: the compile's CPU time; `max_wait_s`: the wait, however little CPU;
+        `pool`: the replica's check pool the compiles run in."""
         import xgrammar as xgr
 
         # No cache of its own: the verdicts are remembered below, and a cache would hold
@@ -52,39 +67,64 @@ class GrammarCheck:
         self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
         self.timeout_s = timeout_s
         self.max_wait_s = max_wait_s
-        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="grammar-check")
-        self._fast: OrderedDict[str, None] = OrderedDict()
+        self.pool = pool
+        # (tenant, kind, text) -> whether it compiled within the limit.
+        self._verdicts: OrderedDict[tuple[str, str, str], bool] = OrderedDict()
 
-    def _compile(self, kind: str, text: str) -> None:
+    def _compile(self, kind: GrammarKind, text: str) -> None:
         try:
             if kind == "json":
                 self._compiler.compile_json_schema(text, any_whitespace=True)
+            elif kind == "regex":
+                self._compiler.compile_regex(text)
             else:
                 self._compiler.compile_grammar(text)
         except Exception:  # noqa: BLE001 - the engine reports an uncompilable grammar itself
             logger.debug("grammar check: the grammar does not compile", exc_info=True)
 
-    async def check(self, schema: dict[str, Any]) -> None:
+    async def check(self, schema: dict[str, Any], tenant: str) -> None:
         """Return once `schema`'s grammar compiled within the limit; raise `GrammarTooSlow`
         otherwise."""
-        await self._check("json", json.dumps(schema, sort_keys=True, separators=(",", ":")))
+        await self.check_text("json", json.dumps(schema, sort_keys=True, separators=(",", ":")),
+                              tenant)
 
-    async def check_ebnf(self, grammar: str) -> None:
+    async def check_ebnf(self, grammar: str, tenant: str) -> None:
         """The same for a grammar given as EBNF (the bounded-whitespace JSON grammar of
         app/engine/json_grammar.py, which forced calls use by default)."""
-        await self._check("ebnf", grammar)
+        await self.check_text("ebnf", grammar, tenant)
 
-    async def _check(self, kind: str, text: str) -> None:
-        key = f"{kind}:{text}"
-        if key in self._fast:
-            self._fast.move_to_end(key)
-            return
+    async def check_sampling(self, sampling: dict[str, Any], tenant: str) -> None:
+        """The same for whichever grammar an engine request's sampling options carry
+        (`structured_json`, `structured_grammar` or `structured_regex`), if any."""
+        if (schema := sampling.get("structured_json")) is not None:
+            await self.check(schema, tenant)
+        elif (grammar := sampling.get("structured_grammar")) is not None:
+            await self.check_ebnf(grammar, tenant)
+        elif (regex := sampling.get("structured_regex")) is not None:
+            await self.check_text("regex", regex, tenant)
+
+    async def check_text(self, kind: GrammarKind, text: str, tenant: str) -> None:
+        key = (tenant, kind, text)
+        verdict = self._verdicts.get(key)
+        if verdict is not None:
+            self._verdicts.move_to_end(key)
+            if verdict:
+                return
+            raise GrammarTooSlow(f"the grammar did not compile within {self.timeout_s:g} s of "
+                                 "CPU time (refused before)")
         try:
-            await run_with_cpu_budget(lambda: self._compile(kind, text), self.timeout_s,
-                                      self.max_wait_s, self._pool)
+            await self.pool.run(tenant, ("grammar", kind, text),
+                                lambda: self._compile(kind, text), self.timeout_s,
+                                self.max_wait_s)
         except OverBudget as over:
+            if over.cpu_s >= self.timeout_s:  # the schema's fault, not the wait's: final
+                self._remember(key, False)
             raise GrammarTooSlow(f"the grammar did not compile within {self.timeout_s:g} s of "
                                  f"CPU time ({over})") from None
-        self._fast[key] = None
-        if len(self._fast) > _REMEMBERED:
-            self._fast.popitem(last=False)
+        self._remember(key, True)
+
+    def _remember(self, key: tuple[str, str, str], fast: bool) -> None:
+        self._verdicts[key] = fast
+        self._verdicts.move_to_end(key)
+        if len(self._verdicts) > _REMEMBERED:
+            self._verdicts.popitem(last=False)

@@ -21,7 +21,7 @@ from app import telemetry
 from app.config import AppConfig
 from app.engine import chat_prompt
 from app.engine.auto_drafts import AutoDrafts
-from app.engine.grammar_check import GrammarCheck, GrammarTooSlow, tokenizer_info
+from app.engine.grammar_check import GrammarCheck, GrammarTooSlow, check_pool, tokenizer_info
 from app.engine.history import ANONYMOUS_TENANT, InvocationHistory, request_text
 from app.engine.json_grammar import GrammarError, bounded_whitespace_grammar
 from app.engine.logprobs import TokenLogprobs, chat_logprobs, completion_logprobs
@@ -163,7 +163,7 @@ class MainModelService:
         limits = self.config.limits
         self.grammar_check = GrammarCheck(tokenizer_info(self.engine.tokenizer, vocab),
                                           limits.grammar_compile_timeout_s,
-                                          limits.check_max_wait_s)
+                                          limits.check_max_wait_s, check_pool(limits, "main"))
         mismatch = chat_prompt.format_mismatch(self.engine.tokenizer, self.format)
         if mismatch:
             logger.warning("tool format: %s", mismatch)
@@ -177,9 +177,9 @@ class MainModelService:
         grammar = prepared.sampling.get("structured_grammar")
         try:
             if schema is not None:
-                await self.grammar_check.check(schema)
+                await self.grammar_check.check(schema, prepared.tenant)
             elif grammar is not None:
-                await self.grammar_check.check_ebnf(grammar)
+                await self.grammar_check.check_ebnf(grammar, prepared.tenant)
         except GrammarTooSlow:
             raise TurnError(
                 f"the tool schemas' grammar did not compile within "
