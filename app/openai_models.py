@@ -289,9 +289,10 @@ class PredictionReport(BaseModel):
 
     ready_ms: float  # from the fan-out to its arrival at the router
     elapsed_ms: float = 0.0  # inside the sidecar
-    passes: int = 0  # the sidecar engine's forward passes meanwhile (`Prediction.passes`)
+    passes: int = 0  # the passes this prediction's own requests were in (`Prediction.passes`)
     calls: list[dict[str, Any]] = Field(default_factory=list)
     no_call: bool = False
+    # Generic (app/api/chat_service.py: PREDICTION_FAILED); the detail is logged server-side.
     error: str | None = None
 
 

@@ -480,17 +480,25 @@ class ChatService:
         )
 
 
+# All a client learns of a prediction that failed or was skipped: the detail (an exception's
+# text, the router's count of pending sidecar calls) would tell it about the server and about
+# other tenants' load, so it is logged here instead.
+PREDICTION_FAILED = "the sidecar's prediction failed"
+
+
 async def observe_prediction(prediction: Awaitable[Any], clock: Clock) -> PredictionReport:
     """The sidecar's prediction as the router saw it arrive (`await_prediction`), for the
-    agreement measurement: its first candidate, whenever it came."""
+    agreement measurement: its first candidate, whenever it came. Only this prediction's own
+    numbers (its time, its passes), and `PREDICTION_FAILED` for any failure."""
     started = clock()
     try:
         raw = await prediction
         parsed = Prediction.model_validate(raw)
     except Exception as exc:  # noqa: BLE001 - reported, never raised: it is a measurement
         logger.warning("sidecar prediction failed: %s: %s", type(exc).__name__, exc)
-        return PredictionReport(ready_ms=(clock() - started) * 1000,
-                                error="the sidecar's prediction failed")
+        return PredictionReport(ready_ms=(clock() - started) * 1000, error=PREDICTION_FAILED)
+    if parsed.error:
+        logger.info("sidecar prediction not made: %s", parsed.error)
     first = parsed.candidates[0] if parsed.candidates else []
     return PredictionReport(
         ready_ms=(clock() - started) * 1000,
@@ -498,7 +506,7 @@ async def observe_prediction(prediction: Awaitable[Any], clock: Clock) -> Predic
         passes=parsed.passes,
         calls=[{"name": c.name, "arguments": c.arguments} for c in first],
         no_call=parsed.no_call,
-        error=parsed.error,
+        error=PREDICTION_FAILED if parsed.error else None,
     )
 
 

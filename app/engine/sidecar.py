@@ -27,6 +27,7 @@ from typing import Any
 
 from app.config import AppConfig
 from app.engine import slot_filling
+from app.engine.pass_ledger import count_passes
 from app.engine.tool_format import (
     ParsedCall,
     forced_output_schema,
@@ -85,12 +86,13 @@ class SidecarService:
         return prompt + list(encode(slot_filling.name_prefix(mode), add_special_tokens=False))
 
     async def predict(self, request: ChatCompletionRequest) -> Prediction:
-        """The prediction, with the time and the engine's forward passes it took (passes:
-        `Prediction.passes`)."""
-        started, first = time.perf_counter(), self.engine.passes
-        prediction = await self._predict(request)
+        """The prediction, with the time and the forward passes its own engine requests were
+        in (`Prediction.passes`; other requests' passes meanwhile are not counted)."""
+        started = time.perf_counter()
+        with count_passes() as passes:
+            prediction = await self._predict(request)
         prediction.elapsed_ms = (time.perf_counter() - started) * 1000
-        prediction.passes = self.engine.passes - first
+        prediction.passes = len(passes)
         return prediction
 
     async def _predict(self, request: ChatCompletionRequest) -> Prediction:
@@ -326,6 +328,7 @@ class SidecarService:
             ]
             results = await asyncio.gather(*runs)
         except Exception as exc:  # the main model decodes on without us
+            logger.warning("whole prediction failed: %s: %s", type(exc).__name__, exc)
             return Prediction(error=f"{type(exc).__name__}: {exc}")
         candidates: list[list[PredictedCall]] = []
         no_call = False

@@ -36,6 +36,7 @@ from app.engine.engine_args import (
 )
 from app.engine.logprobs import TokenLogprobs, from_engine
 from app.engine.lora_modules import adapter_runtime_modules, uncovered
+from app.engine.pass_ledger import record_pass
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +74,9 @@ class StepDelta:
     speculation: RequestSpeculation | None = None
     # Per token, when the request asked for logprobs (app/engine/logprobs.py).
     logprobs: list[TokenLogprobs] | None = None
+    # Which of the engine's passes produced it (`VllmEngine.passes` after that pass): what a
+    # `PassLedger` counts per prediction (app/engine/pass_ledger.py).
+    pass_index: int = 0
 
 
 @dataclass
@@ -175,10 +179,10 @@ class VllmEngine:
         self._stopped = threading.Event()
         self._fatal: BaseException | None = None
         self.aborted = 0  # requests given up before they finished (cancelled, dropped)
-        # Forward passes that wrote tokens so far (engine thread writes, anyone reads): the
-        # difference over a request's life is its critical path in passes, which carries to
-        # other hardware. A step can run no model at all (every request waiting for its
-        # grammar): only steps with outputs count.
+        # Forward passes that wrote tokens so far (engine thread writes, anyone reads), every
+        # request's: one request's own passes are counted from its deltas' `pass_index`
+        # (app/engine/pass_ledger.py). A step can run no model at all (every request waiting
+        # for its grammar): only steps with outputs count.
         self.passes = 0
         # external -> internal id of the requests in the engine; engine thread only
         self._internal_ids: dict[str, str] = {}
@@ -394,6 +398,7 @@ class VllmEngine:
             time=now,
             logprobs=(from_engine(list(completion.token_ids), completion.logprobs)
                       if completion.logprobs is not None else None),
+            pass_index=self.passes,
         )
         loop, q = stream
         loop.call_soon_threadsafe(q.put_nowait, delta)
@@ -485,6 +490,8 @@ class VllmEngine:
                 item = await q.get()
                 if isinstance(item, Exception):
                     raise item
+                if item.token_ids:
+                    record_pass(item.pass_index)
                 if item.finished:
                     item.speculation = self.store.close(internal_id)
                     internal_id = None

@@ -20,9 +20,10 @@ class Prediction(BaseModel):
     candidates: list[list[PredictedCall]] = Field(default_factory=list)
     no_call: bool = False
     elapsed_ms: float = 0.0
-    # The sidecar engine's forward passes while it predicted (all of its requests, however
-    # many ran at once). Where a pass of a small model costs about the same whatever it holds
-    # (a GPU), these against the main model's passes to its call are the readiness; on a CPU,
-    # where a pass costs by its tokens, only the times are.
+    # The sidecar engine's forward passes this prediction's own engine requests wrote tokens
+    # in (a pass its parallel slots shared counts once; other requests' passes never count).
+    # Where a pass of a small model costs about the same whatever it holds (a GPU), these
+    # against the main model's passes to its call are the readiness; on a CPU, where a pass
+    # costs by its tokens, only the times are.
     passes: int = 0
     error: str | None = None

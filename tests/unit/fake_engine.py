@@ -10,6 +10,7 @@ from typing import Any
 
 from app.config import SpeculationConfig
 from app.engine.auto_drafts import AutoDrafts
+from app.engine.pass_ledger import record_pass
 from app.engine.vllm_engine import GenerationResult, GenerationTally, StepDelta
 
 
@@ -78,7 +79,10 @@ class FakeEngine:
         for index, text in enumerate(self.pieces):
             last = index == len(self.pieces) - 1
             self.passes += 1
-            yield StepDelta([100 + index], text, last, "stop" if last else None, float(index))
+            # As VllmEngine.stream: the pass that wrote the tokens goes to the current ledger.
+            record_pass(self.passes)
+            yield StepDelta([100 + index], text, last, "stop" if last else None, float(index),
+                            pass_index=self.passes)
             await asyncio.sleep(0)
 
     async def generate(

@@ -136,8 +136,20 @@ def sidecar(text: str, fail: Exception | None = None) -> SidecarService:
 async def test_the_sidecar_parses_its_engines_output_into_a_prediction() -> None:
     out = await sidecar('{"name": "get_weather", "arguments": {"city": "Paris"}}').predict(chat())
     assert out.candidates == [PARIS] and not out.no_call and out.error is None
-    assert out.passes == 1  # the engine's passes while it predicted: one piece, one pass
+    assert out.passes == 1  # the passes its engine request wrote in: one piece, one pass
     assert out.elapsed_ms > 0
+
+
+async def test_a_predictions_passes_are_its_own_not_the_engines() -> None:
+    """Another tenant's request decoding on the same engine meanwhile adds passes to the
+    engine, never to the prediction: its passes say nothing about others' work."""
+    service = sidecar("")
+    engine = service.engine
+    engine.pieces = ['{"name": "get_weather", ', '"arguments": {"city": "Paris"}}']
+    out, other = await asyncio.gather(service.predict(chat()), engine.generate([9], {}))
+    assert out.candidates == [PARIS] and other.steps == 2
+    assert engine.passes == 4  # both requests' pieces, interleaved
+    assert out.passes == 2  # the prediction's own two
 
 
 async def test_the_sidecar_reports_no_call_cut_short_and_failure() -> None:
