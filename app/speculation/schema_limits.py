@@ -4,7 +4,7 @@ Bytes and depth (app.api.limits) do not bound the work: a 1 KB schema whose `$de
 lists `{"$ref": level n+1}` twice in its `allOf` doubles validation and grammar work per level
 (30 levels: hours), and `pattern: "^(a+)+$"` backtracks exponentially in Python's `re`. Here:
 
-- `expansion_size`: subschemas visited when every `$ref` and every `allOf`/`anyOf`/`oneOf`
+- `expansion_size`: subschemas visited when every reference and every `allOf`/`anyOf`/`oneOf`
   branch is expanded, counted up to a budget (a reference already being expanded on the path,
   i.e. recursion, is not expanded again: it is bounded by the data, not by the schema);
 - `pattern_problem`: a regex must fit a length cap, compile in RE2 (linear-time matching; the
@@ -25,32 +25,22 @@ from typing import Any
 import re2
 
 from app.speculation.validation import (
-    SUBSCHEMA_KEYWORDS,
-    SUBSCHEMA_LIST_KEYWORDS,
-    SUBSCHEMA_MAP_KEYWORDS,
     compile_re2,
     iter_subschemas,
+    local_references,
     resolve_local_ref,
+    subschema_children,
 )
 
 # A bounded repeat this long behaves like an unbounded one for backtracking.
 _LONG_REPEAT = 16
 
 
-def _children(node: dict[str, Any]) -> Iterator[Any]:
-    for keyword, value in node.items():
-        if keyword in SUBSCHEMA_KEYWORDS or (keyword == "items" and isinstance(value, list)):
-            yield from (value if isinstance(value, list) else [value])
-        elif keyword in SUBSCHEMA_LIST_KEYWORDS and isinstance(value, list):
-            yield from value
-        elif keyword in SUBSCHEMA_MAP_KEYWORDS and isinstance(value, dict):
-            yield from value.values()
-
-
 def expansion_size(schema: Any, budget: int) -> int:
-    """Subschemas visited expanding `schema` fully (local `$ref`s followed, except into a
-    reference already open on the same path); stops at `budget + 1`. Iterative and bounded by
-    the budget, so the count itself costs at most `budget` steps."""
+    """Subschemas visited expanding `schema` fully (local `$ref`, `$dynamicRef` and
+    `$recursiveRef` followed, except into a reference already open on the same path); stops at
+    `budget + 1`. Iterative and bounded by the budget, so the count itself costs at most
+    `budget` steps."""
     count = 0
     stack: list[tuple[Any, frozenset[str]]] = [(schema, frozenset())]
     while stack:
@@ -60,15 +50,14 @@ def expansion_size(schema: Any, budget: int) -> int:
         count += 1
         if count > budget:
             return count
-        ref = node.get("$ref")
-        if isinstance(ref, str) and ref not in open_refs:
-            try:
-                target = resolve_local_ref(schema, ref)
-            except LookupError:  # check_schema reports it
-                target = None
-            if target is not None:
+        for _, ref in local_references(node):
+            if isinstance(ref, str) and ref not in open_refs:
+                try:
+                    target = resolve_local_ref(schema, ref)
+                except LookupError:  # check_schema reports it
+                    continue
                 stack.append((target, open_refs | {ref}))
-        stack.extend((child, open_refs) for child in _children(node))
+        stack.extend((child, open_refs) for child in subschema_children(node))
     return count
 
 

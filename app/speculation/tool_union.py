@@ -68,6 +68,8 @@ _DROPPED_KEYWORDS = frozenset(
         "$anchor",
         "$dynamicAnchor",
         "$dynamicRef",
+        "$recursiveAnchor",
+        "$recursiveRef",
         "$comment",
     }
 )

@@ -6,9 +6,17 @@ Draft 2020-12 semantics (a schema's own `$schema` wins when it names another dra
 are compiled once per distinct schema and cached, because the same few tool schemas are seen on
 every request.
 
-Only local references (`#`, `#/$defs/...`, any JSON pointer into the same document) are
-supported: the server never fetches remote schemas, so `check_schema` rejects anything else
-instead of letting validation fail later.
+Schemas never reach the network. A client's schema is attacker-chosen: a reference to
+`http://169.254.169.254/...` or an internal service would make the server fetch it (SSRF; with no
+timeout, a URL that never answers froze the caller), and whether validation then passed would
+tell the client what the URL returned. Two guards, each enough on its own:
+
+- every validator is built here (`build_validator`) with `LOCAL_ONLY_REGISTRY`, whose retrieve
+  refuses every URI: a reference resolves inside the schema itself or not at all;
+- `check_schema` refuses, with the keyword named, every reference (`$ref`, `$dynamicRef`,
+  `$recursiveRef`, at any depth, in any keyword that holds a subschema, draft-07 `dependencies`
+  included) that is not a JSON pointer into the same document (`#`, `#/$defs/...`), and every
+  `$id` below the top level (it would change what the references under it resolve against).
 """
 
 from __future__ import annotations
@@ -18,18 +26,16 @@ import json
 import re
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import unquote
 
 import jsonschema
 import re2
+import referencing
 import referencing.exceptions
 from jsonschema import _utils as jsonschema_utils
 from jsonschema.protocols import Validator
 from jsonschema.validators import validator_for
-
-if TYPE_CHECKING:
-    pass
 
 # Keywords whose value is one subschema, a list of subschemas, or a map of name -> subschema.
 # Walking only these keeps data (`enum`, `const`, `default`, `examples`) out of schema walks, so
@@ -47,12 +53,23 @@ SUBSCHEMA_KEYWORDS = frozenset(
         "propertyNames",
         "unevaluatedItems",
         "unevaluatedProperties",
+        "contentSchema",
     }
 )
 SUBSCHEMA_LIST_KEYWORDS = frozenset({"anyOf", "oneOf", "allOf", "prefixItems"})
+# Draft-07 `dependencies` maps a name to a subschema or to a list of names (data, skipped).
 SUBSCHEMA_MAP_KEYWORDS = frozenset(
-    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
+    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas",
+     "dependencies"}
 )
+# Keywords whose value is a URI reference that validation resolves. `$recursiveRef` (2019-09)
+# may only be "#"; the other two may be any JSON pointer into the same document.
+REFERENCE_KEYWORDS = ("$ref", "$dynamicRef", "$recursiveRef")
+# Draft 3 also puts subschemas in `type`, `disallow` and `extends`; nobody writes it any more,
+# and refusing it keeps one walk for every dialect.
+_REFUSED_DIALECTS = frozenset({"http://json-schema.org/draft-03/schema"})
+# Dialects whose identifier keyword is `id`, not `$id`.
+_LEGACY_ID_DIALECTS = frozenset({"http://json-schema.org/draft-04/schema"})
 
 _MAX_MESSAGE_CHARS = 300
 
@@ -203,6 +220,37 @@ def _build_format_checker() -> jsonschema.FormatChecker:
 FORMAT_CHECKER = _build_format_checker()
 
 
+def _refuse_retrieval(uri: str) -> referencing.Resource[Any]:
+    """Every reference that does not resolve inside the schema itself lands here: refused,
+    never fetched (jsonschema's default would `urlopen` it)."""
+    raise referencing.exceptions.NoSuchResource(ref=uri)  # type: ignore[call-arg]
+
+
+# The metaschemas (jsonschema_specifications, in memory) are added by jsonschema itself.
+LOCAL_ONLY_REGISTRY: referencing.Registry[Any] = referencing.Registry(
+    retrieve=_refuse_retrieval  # type: ignore[call-arg]
+)
+
+
+def build_validator(schema: Any) -> Validator:
+    """A validator for `schema` under its own `$schema` (Draft 2020-12 when none), RE2 regexes,
+    the format checks above and `LOCAL_ONLY_REGISTRY`: the one place validators are made."""
+    cls = _re2_validator_class(validator_for(schema, default=jsonschema.Draft202012Validator))
+    validator: Validator = cls(schema, format_checker=FORMAT_CHECKER,
+                               registry=LOCAL_ONLY_REGISTRY)
+    return validator
+
+
+def _metaschema_error(schema: Any) -> jsonschema.exceptions.ValidationError | None:
+    """The first way `schema` breaks its dialect's metaschema (what `cls.check_schema` raises),
+    checked by a validator built with `LOCAL_ONLY_REGISTRY` like every other."""
+    cls = validator_for(schema, default=jsonschema.Draft202012Validator)
+    meta_cls = validator_for(cls.META_SCHEMA, default=cls)
+    validator = meta_cls(cls.META_SCHEMA, format_checker=meta_cls.FORMAT_CHECKER,
+                         registry=LOCAL_ONLY_REGISTRY)
+    return next(iter(validator.iter_errors(schema)), None)
+
+
 def schema_key(schema: Any) -> str:
     """Stable JSON text of a schema: the cache key for its compiled validator."""
     return json.dumps(schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
@@ -212,10 +260,7 @@ def schema_key(schema: Any) -> str:
 def _compiled(key: str) -> Validator:
     # Compiled from the key's own parse, so a caller mutating its dict later cannot change a
     # validator that is already cached.
-    schema = json.loads(key)
-    cls = _re2_validator_class(validator_for(schema, default=jsonschema.Draft202012Validator))
-    validator: Validator = cls(schema, format_checker=FORMAT_CHECKER)
-    return validator
+    return build_validator(json.loads(key))
 
 
 def compiled_validator(schema: Mapping[str, Any]) -> Validator:
@@ -223,36 +268,41 @@ def compiled_validator(schema: Mapping[str, Any]) -> Validator:
     return _compiled(schema_key(schema))
 
 
+def subschema_children(node: dict[str, Any]) -> Iterator[Any]:
+    """The values directly below `node` that are subschemas (or lists/maps' entries that may
+    be: callers skip what is not a dict)."""
+    for keyword, value in node.items():
+        if keyword in SUBSCHEMA_KEYWORDS:
+            yield from (value if isinstance(value, list) else [value])
+        elif keyword in SUBSCHEMA_LIST_KEYWORDS and isinstance(value, list):
+            yield from value
+        elif keyword in SUBSCHEMA_MAP_KEYWORDS and isinstance(value, dict):
+            yield from value.values()
+
+
 def iter_subschemas(schema: Any) -> Iterator[dict[str, Any]]:
     """`schema` and every subschema below it, depth first (boolean schemas are skipped)."""
     if not isinstance(schema, dict):
         return
     yield schema
-    for keyword, value in schema.items():
-        if keyword in SUBSCHEMA_KEYWORDS or (keyword == "items" and isinstance(value, list)):
-            children = value if isinstance(value, list) else [value]
-        elif keyword in SUBSCHEMA_LIST_KEYWORDS and isinstance(value, list):
-            children = value
-        elif keyword in SUBSCHEMA_MAP_KEYWORDS and isinstance(value, dict):
-            children = list(value.values())
-        else:
-            continue
-        for child in children:
-            yield from iter_subschemas(child)
+    for child in subschema_children(schema):
+        yield from iter_subschemas(child)
 
 
-def resolve_local_ref(root: Any, ref: str) -> Any:
-    """The part of `root` a local `$ref` (`#` or `#/json/pointer`) points to.
+def resolve_local_ref(root: Any, ref: str, keyword: str = "$ref") -> Any:
+    """The part of `root` a local reference (`#` or `#/json/pointer`) points to.
 
-    Raises LookupError when the reference is not local or points nowhere.
+    Raises LookupError, naming `keyword`, when the reference is not local or points nowhere.
     """
     if not ref.startswith("#"):
-        raise LookupError(f"$ref {ref!r} is not a local reference (only '#...' is supported)")
+        raise LookupError(f"{keyword} {ref!r} is not a local reference: the server never "
+                          "fetches schemas, only '#' and '#/json/pointer' into the same "
+                          "schema are supported")
     pointer = unquote(ref[1:])
     if pointer == "":
         return root
     if not pointer.startswith("/"):
-        raise LookupError(f"$ref {ref!r}: anchors are not supported, use a JSON pointer")
+        raise LookupError(f"{keyword} {ref!r}: anchors are not supported, use a JSON pointer")
     node = root
     for raw in pointer[1:].split("/"):
         token = raw.replace("~1", "/").replace("~0", "~")
@@ -261,15 +311,60 @@ def resolve_local_ref(root: Any, ref: str) -> Any:
         elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
             node = node[int(token)]
         else:
-            raise LookupError(f"$ref {ref!r} points nowhere")
+            raise LookupError(f"{keyword} {ref!r} points nowhere")
     return node
+
+
+def local_references(node: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    """(keyword, value) of each reference keyword in `node` itself."""
+    for keyword in REFERENCE_KEYWORDS:
+        if keyword in node:
+            yield keyword, node[keyword]
+
+
+def reference_problem(schema: dict[str, Any]) -> str | None:
+    """Why a reference or an identifier in `schema` could send validation outside it, or None.
+
+    Walks every subschema and every part of the schema a local reference points to (a
+    reference into an unknown keyword makes that part a subschema too), so no reference is
+    left unchecked at any depth."""
+    dialect = str(schema.get("$schema", "")).rstrip("#")
+    if dialect in _REFUSED_DIALECTS:
+        return f"$schema {schema['$schema']!r}: draft-03 schemas are not supported"
+    legacy_id = dialect in _LEGACY_ID_DIALECTS
+    seen: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(schema, True)]
+    while stack:
+        node, top = stack.pop()
+        if not isinstance(node, dict) or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if not top:
+            for ident in ("$id", "id") if legacy_id else ("$id",):
+                if isinstance(node.get(ident), str):
+                    return (f"{ident} {node[ident]!r} below the top level is not supported: it "
+                            "would change what the references under it resolve against")
+        for keyword, ref in local_references(node):
+            if not isinstance(ref, str):
+                return f"{keyword} must be a string, got {type(ref).__name__}"
+            if keyword == "$recursiveRef" and ref != "#":
+                return (f"$recursiveRef {ref!r} is not supported: the server never fetches "
+                        "schemas, only '#' is allowed")
+            try:
+                target = resolve_local_ref(schema, ref, keyword)
+            except LookupError as exc:
+                return str(exc)
+            stack.append((target, target is schema))
+        stack.extend((child, False) for child in subschema_children(node))
+    return None
 
 
 def check_schema(schema: Any, *, tool_parameters: bool = True) -> str | None:
     """Why `schema` cannot serve as a tool's `parameters`, or None when it can.
 
-    Checks, in order: it is a JSON object; it is valid under its metaschema; every `$ref` is
-    local and resolves; and, unless `tool_parameters=False` (any other schema, e.g. the
+    Checks, in order: it is a JSON object; it is valid under its metaschema; every reference is
+    local and resolves and no `$id` below the top level moves their base (`reference_problem`);
+    and, unless `tool_parameters=False` (any other schema, e.g. the
     sidecar's union), the top level accepts JSON objects, since tool arguments always are one.
     """
     if not isinstance(schema, dict):
@@ -285,19 +380,13 @@ def check_schema(schema: Any, *, tool_parameters: bool = True) -> str | None:
 def _check_schema_key(key: str, tool_parameters: bool) -> str | None:
     # Cached: the metaschema check costs 1-10 ms and the same tools arrive on every request.
     schema = json.loads(key)
-    cls = validator_for(schema, default=jsonschema.Draft202012Validator)
-    try:
-        cls.check_schema(schema)
-    except jsonschema.exceptions.SchemaError as exc:
-        where = _json_path(exc.absolute_path)
-        return f"not a valid JSON Schema at {where}: {_short(exc.message)}"
-    for sub in iter_subschemas(schema):
-        ref = sub.get("$ref")
-        if isinstance(ref, str):
-            try:
-                resolve_local_ref(schema, ref)
-            except LookupError as exc:
-                return str(exc)
+    error = _metaschema_error(schema)
+    if error is not None:
+        where = _json_path(error.absolute_path)
+        return f"not a valid JSON Schema at {where}: {_short(error.message)}"
+    problem = reference_problem(schema)
+    if problem is not None:
+        return problem
     if not tool_parameters:
         return None
     declared = schema.get("type", "object")
