@@ -35,6 +35,7 @@ from app.api.streaming import (  # noqa: F401 - moved there; importers of this m
     stream_sse,
 )
 from app.config import TelemetryConfig
+from app.engine.history import ANONYMOUS_TENANT, TENANT_KEY
 from app.engine.tool_format import new_call_id
 from app.engine.turn import TurnDelta, TurnError, TurnEvent, TurnResult
 from app.openai_models import (
@@ -47,7 +48,6 @@ from app.speculation.canonical import Invocation
 from app.speculation.prediction import Prediction
 from app.speculation.reconcile import Outcome, classify_outcome
 from app.telemetry import HitRateWindow, MetricsSink, NullMetrics
-from app.tenancy import ANONYMOUS_TENANT, TENANT_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -207,7 +207,9 @@ class ChatService:
                 state.finals.append(turn.final)
                 if turn.prediction is not None:
                     state.predictions.append(turn.prediction)
-                state.outcomes.append(self.outcome(turn_request, turn.final))
+                # Canonical equality validates against the client's schemas: off the loop.
+                state.outcomes.append(
+                    await asyncio.to_thread(self.outcome, turn_request, turn.final))
                 telemetry.set_attributes(turn_span, telemetry.turn_attributes(
                     len(state.finals) - 1, turn_request.effective_tool_choice,
                     state.outcomes[-1], (c.name for c in turn.invocations)))
@@ -215,7 +217,7 @@ class ChatService:
                     # No `yield` in here: reconcile and tool spans are children of the turn.
                     with telemetry.within(turn_span):
                         if await self._executes(request, turn, state):
-                            messages = await self._run_round(turn, state, tenant)
+                            messages = await self._run_round(turn, state)
                         else:
                             await self._report_ready(turn, state)
                 finally:
@@ -263,8 +265,7 @@ class ChatService:
             # Only the tools the request declared the server's: a client's own tool that shares
             # a server tool's name is never run here.
             schemas = request.tool_schemas(request.server_tool_names)
-            pre = PreExecution(self.tools, self.policy, schemas, request.named_tool, self.clock,
-                               tenant)
+            pre = PreExecution(self.tools, self.policy, schemas, request.named_tool, self.clock)
             with telemetry.within(span):
                 pre.watch(sidecar.prediction)
         observed: asyncio.Future[PredictionReport] | None = None
@@ -322,9 +323,7 @@ class ChatService:
                            code="tools_unavailable") from None
         return all(c.name in offered and c.name in known for c in turn.invocations)
 
-    async def _run_round(
-        self, turn: _Turn, state: LoopState, tenant: str
-    ) -> list[dict[str, Any]]:
+    async def _run_round(self, turn: _Turn, state: LoopState) -> list[dict[str, Any]]:
         """Execute the committed calls (pre-executed hits first, the rest concurrently), report
         them, and return the assistant + tool messages for the next turn."""
         assert self.tools is not None
@@ -335,7 +334,7 @@ class ChatService:
             self._reconciled(span, turn, state, hits)
         with telemetry.span("agent.tools") as span:
             fresh = [
-                run_tool(tools, call, False, self.clock, tenant)
+                run_tool(tools, call, False, self.clock)
                 for call, hit in zip(turn.invocations, hits, strict=True) if hit is None
             ]
             telemetry.set_attributes(span, {"ooo_spec.tools.fresh": len(fresh),

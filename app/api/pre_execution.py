@@ -31,7 +31,6 @@ from app.openai_models import ToolResultReport
 from app.speculation.canonical import Invocation
 from app.speculation.prediction import Prediction
 from app.speculation.validation import validate_arguments
-from app.tenancy import ANONYMOUS_TENANT
 from app.tools.policy import PreExecutionLedger
 from app.tools.registry import ToolResult, ToolSpec
 
@@ -47,12 +46,9 @@ class ToolAccess(Protocol):
         """Server-registered tools by name (cached by the implementation)."""
         ...
 
-    async def execute(
-        self, name: str, arguments: dict[str, Any], speculative: bool, tenant: str
-    ) -> ToolResult:
-        """Run one call for `tenant` (the tool runs in its context: app/tools/call_context.py);
-        never raises for tool failures. Cancelling the awaiting task must cancel the remote work
-        where the pool can."""
+    async def execute(self, name: str, arguments: dict[str, Any], speculative: bool) -> ToolResult:
+        """Run one call; never raises for tool failures. Cancelling the awaiting task must
+        cancel the remote work where the pool can."""
         ...
 
 
@@ -88,15 +84,13 @@ class ToolRun:
 
 
 async def run_tool(
-    tools: ToolAccess, invocation: Invocation, speculative: bool, clock: Clock,
-    tenant: str = ANONYMOUS_TENANT,
+    tools: ToolAccess, invocation: Invocation, speculative: bool, clock: Clock
 ) -> ToolRun:
-    """Execute one call for `tenant` through the pool and time it; a pool failure becomes an
-    error result (the model reads it like any other tool error), cancellation propagates."""
+    """Execute one call through the pool and time it; a pool failure becomes an error result
+    (the model reads it like any other tool error), cancellation propagates."""
     run = ToolRun(invocation, clock(), speculative)
     try:
-        result = await tools.execute(invocation.name, dict(invocation.arguments), speculative,
-                                     tenant)
+        result = await tools.execute(invocation.name, dict(invocation.arguments), speculative)
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # noqa: BLE001 - the pool is down or the call was lost
@@ -156,10 +150,8 @@ class PreExecution:
         request_schemas: Mapping[str, Mapping[str, Any]],
         named_tool: str | None = None,
         clock: Clock = time.perf_counter,
-        tenant: str = ANONYMOUS_TENANT,
     ) -> None:
         self._tools = tools
-        self._tenant = tenant
         self._policy = policy
         self._schemas = dict(request_schemas)
         self._named_tool = named_tool
@@ -182,7 +174,7 @@ class PreExecution:
             specs = await self._tools.specs()
             # Only tools this request offers are server-known for it (docs/tools.md).
             offered = {name: spec for name, spec in specs.items() if name in self._schemas}
-            self._ledger = PreExecutionLedger(
+            ledger = self._ledger = PreExecutionLedger(
                 offered,
                 global_enabled=self._policy.pre_execute,
                 allow_egress=self._policy.allow_egress,
@@ -192,18 +184,21 @@ class PreExecution:
             return
         except Exception:  # noqa: BLE001 - a failed sidecar or pool only means no pre-execution
             return
-        # Validation against the client's schemas runs off the router's event loop.
-        calls = await asyncio.to_thread(speculable_calls, parsed, self._schemas, offered,
-                                        self._named_tool)
-        for invocation in calls:
-            if self._ledger.start(invocation):
-                key = self._ledger.key(invocation)
+
+        def keyed_calls() -> list[tuple[Invocation, str]]:
+            calls = speculable_calls(parsed, self._schemas, offered, self._named_tool)
+            return [(call, ledger.key(call)) for call in calls]
+
+        # Validation against the client's schemas and canonical keys (defaults filled through
+        # the tools' schemas) run off the router's event loop.
+        for invocation, key in await asyncio.to_thread(keyed_calls):
+            if ledger.start(invocation, key):
                 self._runs[key] = asyncio.ensure_future(self._run(key, invocation))
 
     async def _run(self, key: str, invocation: Invocation) -> ToolRun:
-        run = await run_tool(self._tools, invocation, True, self._clock, self._tenant)
+        run = await run_tool(self._tools, invocation, True, self._clock)
         assert self._ledger is not None and run.result is not None
-        self._ledger.record(invocation, run.result)
+        self._ledger.record(invocation, run.result, key)
         self._done[key] = run
         return run
 
@@ -218,17 +213,18 @@ class PreExecution:
             self._watcher.cancel()
         out: list[ToolRun | None] = []
         ledger = self._ledger
-        for invocation in committed:
-            if ledger is None:
-                out.append(None)
-                continue
-            key = ledger.key(invocation)
+        calls = list(committed)
+        if ledger is None:
+            self.cancel()
+            return [None] * len(calls)
+        keys = await asyncio.to_thread(lambda: [ledger.key(call) for call in calls])
+        for invocation, key in zip(calls, keys, strict=True):
             task = self._runs.get(key)
-            if wait and task is not None and ledger.is_pending(invocation):
+            if wait and task is not None and ledger.is_pending(invocation, key):
                 # asyncio.wait, not `await task`: a run cancelled on its own must not look like
                 # this request being cancelled (that still propagates from here).
                 await asyncio.wait({task})
-            result = ledger.take(invocation)
+            result = ledger.take(invocation, key)
             out.append(self._done[key] if result is not None else None)
         self.cancel()
         return out
