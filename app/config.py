@@ -91,6 +91,14 @@ class EngineConfig(_Strict):
         "cheaper there.",
     )
     enforce_eager: bool = True
+    tensor_parallel_size: int = Field(
+        1, ge=1, le=64,
+        description="GPUs one replica's engine splits the model over (vLLM's tensor "
+        "parallel, worker processes on one node; CUDA only). The replica must reserve that "
+        "many GPUs: its Serve placement follows from it (app/engine/placement.py), and "
+        "`ooo-spec config check` compares it with the deployment's options and, for a "
+        "RayService manifest, with the GPUs of its worker group.",
+    )
     tool_format: Literal["hermes", "llama3_json", "mistral", "pythonic"] = Field(
         "hermes",
         description="How the main model writes tool calls, by the name of vLLM's tool parser "

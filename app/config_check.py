@@ -14,12 +14,21 @@ Hugging Face cache), else from `engine.model_dims`, else from `KNOWN_MODELS`. On
 memory comes from `engine.gpu_type` (or the deployment's `accelerator_type`) via `GPU_MEMORY_MIB`.
 What the cache gets on a GPU without `kv_cache_gib` is an estimate: vLLM measures activations
 and CUDA graphs at start, this check reserves `GPU_RESERVE_GIB` for them.
+
+What else fails at start, checked here as vLLM checks it: a dtype the GPU cannot run (bf16
+below compute capability 8.0, `CudaPlatform.check_if_supports_dtype`), a `max_model_len` beyond
+the model's own limit (`_get_and_verify_max_len`: the smallest of its length keys, times the
+RoPE scaling factor for the RoPE types that do not already count it), weights absent while
+`HF_HUB_OFFLINE=1` (the pods' setting), and a tensor-parallel engine whose replica does not hold
+its GPUs on one node (app/engine/placement.py) or whose worker group's pods have fewer GPUs
+(read from a RayService manifest's `rayClusterConfig`).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -35,6 +44,7 @@ from app.engine.engine_args import (
     custom_proposer_config,
     engine_launch,
 )
+from app.engine.placement import Placement, engine_placement, placement_problems
 
 GIB = 1 << 30
 
@@ -71,6 +81,24 @@ GPU_MEMORY_MIB: dict[str, int] = {
     "H200": 143_771,
     "B200": 183_359,
 }
+# Compute capability by the same names (NVIDIA's CUDA GPUs table): bf16 needs 8.0 (Ampere).
+COMPUTE_CAPABILITY: dict[str, tuple[int, int]] = {
+    "T4": (7, 5),
+    "V100": (7, 0),
+    "A10": (8, 6),
+    "A10G": (8, 6),
+    "L4": (8, 9),
+    "L40": (8, 9),
+    "L40S": (8, 9),
+    "A100": (8, 0),
+    "A100-40G": (8, 0),
+    "A100-80G": (8, 0),
+    "H100": (9, 0),
+    "H20": (9, 0),
+    "H200": (9, 0),
+    "B200": (10, 0),
+}
+BF16_MIN_CAPABILITY = (8, 0)
 # Activations of the profiling run, CUDA graphs and memory outside torch, which vLLM measures
 # at start and takes out of `gpu_memory_utilization` before the KV cache: an estimate.
 GPU_RESERVE_GIB = 2.5
@@ -95,6 +123,18 @@ KNOWN_MODELS: dict[str, ModelDims] = {
         num_hidden_layers=30, num_key_value_heads=3, head_dim=64, num_parameters=1.35e8),
     "huggingfacetb/smollm2-135m-instruct": ModelDims(
         num_hidden_layers=30, num_key_value_heads=3, head_dim=64, num_parameters=1.35e8),
+}
+# Their context limit (config.json's max_position_embeddings; no RoPE scaling in these).
+KNOWN_MAX_LEN: dict[str, int] = {
+    "qwen/qwen3-0.6b": 40_960,
+    "qwen/qwen3-1.7b": 40_960,
+    "qwen/qwen3-4b": 40_960,
+    "qwen/qwen3-8b": 40_960,
+    "qwen/qwen3-14b": 40_960,
+    "meta-llama/llama-3.1-8b": 131_072,
+    "meta-llama/llama-3.1-8b-instruct": 131_072,
+    "huggingfacetb/smollm2-135m": 8_192,
+    "huggingfacetb/smollm2-135m-instruct": 8_192,
 }
 EMBEDDED_MODEL_ID = "huggingfacetb/smollm2-135m-instruct"
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -121,14 +161,37 @@ def serve_configs(text: str, source: str) -> list[dict[str, Any]]:
         if "applications" in doc:
             found.append(doc)
         elif doc.get("kind") == "RayService":
-            inner = (doc.get("spec") or {}).get("serveConfigV2")
+            spec = doc.get("spec") or {}
+            inner = spec.get("serveConfigV2")
             if isinstance(inner, str):
-                found += serve_configs(inner, f"{source} (serveConfigV2)")
+                pools = pool_gpus(spec.get("rayClusterConfig") or {})
+                for config in serve_configs(inner, f"{source} (serveConfigV2)"):
+                    found.append({**config, POOL_GPUS_KEY: pools} if pools else config)
     if not found:
         raise ConfigCheckError(
             f"{source}: no Serve config (`applications:`) and no RayService serveConfigV2"
         )
     return found
+
+
+# Where `serve_configs` puts the GPUs per pod of a RayService's worker groups, by the custom
+# pool resource each group offers (not a Serve key: no Serve config can carry it).
+POOL_GPUS_KEY = "__pool_gpus__"
+
+
+def pool_gpus(cluster: Mapping[str, Any]) -> dict[str, tuple[str, int]]:
+    """{pool resource: (worker group, GPUs per pod)} of a RayService's `rayClusterConfig`:
+    a deployment pinned to a pool runs on that group's pods (k8s/README.md, "Pools")."""
+    out: dict[str, tuple[str, int]] = {}
+    for group in cluster.get("workerGroupSpecs") or []:
+        if not isinstance(group, Mapping):
+            continue
+        containers = (((group.get("template") or {}).get("spec") or {}).get("containers")) or []
+        limits = ((containers[0].get("resources") or {}).get("limits") or {}) if containers else {}
+        gpus = int(limits.get("nvidia.com/gpu", 0) or 0)
+        for resource in group.get("resources") or {}:
+            out[str(resource)] = (str(group.get("groupName")), gpus)
+    return out
 
 
 # ---------------------------------------------------------------- where each deployment runs
@@ -202,6 +265,77 @@ def dims_from_config_json(config: Mapping[str, Any]) -> ModelDims:
     )
 
 
+def model_max_len(config: Mapping[str, Any]) -> tuple[int, str] | None:
+    """The longest `max_model_len` vLLM accepts for a model with this config.json, and the
+    key it comes from (vLLM's `_get_and_verify_max_len`); None if it names no length."""
+    text = config.get("text_config")
+    text_config: Mapping[str, Any] = text if isinstance(text, Mapping) else config
+    keys = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
+            "model_max_length", "max_target_positions", "max_sequence_length",
+            "max_seq_length", "seq_len")
+    found = [(int(text_config[k]), k) for k in keys if text_config.get(k) is not None]
+    if not found:
+        return None
+    length, key = min(found)
+    if text_config.get("model_max_length"):
+        length, key = int(text_config["model_max_length"]), "model_max_length"
+    scaling = config.get("rope_scaling") or config.get("rope_parameters")
+    model_type = str(config.get("model_type", ""))
+    if isinstance(scaling, Mapping) and "gemma3" not in model_type:
+        rope_type = scaling.get("rope_type") or scaling.get("type")
+        # These types leave max_position_embeddings already scaled (or scale otherwise).
+        unscaled = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
+        factor = scaling.get("factor")
+        if rope_type not in unscaled and isinstance(factor, (int, float)):
+            return int(length * factor), f"{key} x rope_scaling.factor {factor}"
+    return length, key
+
+
+def _raw_config_json(model: str) -> dict[str, Any] | None:
+    path = _local_config_json(model)
+    if path is None:
+        return None
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    return raw if isinstance(raw, dict) else None
+
+
+def hub_offline() -> bool:
+    """`HF_HUB_OFFLINE` as huggingface_hub reads it (the pods set it: k8s/base/runtime.yaml)."""
+    return os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+
+
+def _has_weights(folder: Path) -> bool:
+    return folder.is_dir() and any(p.name.endswith(WEIGHT_SUFFIXES) for p in folder.iterdir())
+
+
+def missing_weights(model: str, setting: str) -> str | None:
+    """Why an engine of `model` would find no weights with the hub offline, naming the
+    setting; None when they are there (the embedded model prepared, a folder with weights, or
+    the model's snapshot in the Hugging Face cache)."""
+    from app.engine.embedded_model import EMBEDDED_MODEL_ALIAS, embedded_model_dir, is_prepared
+
+    if model == EMBEDDED_MODEL_ALIAS:
+        if is_prepared(embedded_model_dir()):
+            return None
+        return (f"`{setting}.model` is the embedded model, which is not prepared here: run "
+                "`ooo-spec models prepare`")
+    if Path(model).is_dir():
+        if _has_weights(Path(model)):
+            return None
+        return f"`{setting}.model` = {model!r} is a folder without weights"
+    cached = _local_config_json(model)
+    if cached is not None and _has_weights(cached.parent):
+        return None
+    return (
+        f"`{setting}.model` = {model!r} is not in the Hugging Face cache and HF_HUB_OFFLINE=1 "
+        f"forbids downloading it: prefetch it (`hf download {model}`, or build the image with "
+        f"PREFETCH_MODELS naming it), or set `{setting}.model` to a folder holding it"
+    )
+
+
 def model_dims(cfg: EngineConfig) -> tuple[ModelDims, str, str | None] | None:
     """(dimensions, where they came from, the checkpoint's dtype if known), or None."""
     if cfg.model_dims is not None:
@@ -251,6 +385,13 @@ class DeploymentReport(BaseModel):
     model_dims: dict[str, Any] | None = None
     model_dims_from: str | None = None
     engine_args: dict[str, Any] | None = None
+    # vLLM's `speculative_config` of the engine (also in engine_args), shown on its own.
+    speculative_config: dict[str, Any] | None = None
+    tensor_parallel_size: int | None = None
+    # The Serve placement a tensor-parallel engine needs (app/engine/placement.py).
+    placement: Placement | None = None
+    max_model_len_limit: int | None = None
+    max_model_len_from: str | None = None
     env: dict[str, str] | None = None
     env_unset: list[str] = Field(default_factory=list)
     kv_cache: KvCacheReport | None = None
@@ -294,7 +435,9 @@ def check_text(text: str, source: str) -> ConfigReport:
     report = ConfigReport(source=source)
     for serve_config in serve_configs(text, source):
         for index, application in enumerate(serve_config.get("applications") or []):
-            report.applications.append(check_application(application, index))
+            report.applications.append(
+                check_application(application, index, serve_config.get(POOL_GPUS_KEY))
+            )
     return report
 
 
@@ -305,7 +448,13 @@ def _validation_messages(exc: ValidationError) -> list[str]:
     ]
 
 
-def check_application(application: Mapping[str, Any], index: int = 0) -> ApplicationReport:
+def check_application(
+    application: Mapping[str, Any],
+    index: int = 0,
+    pools: Mapping[str, tuple[str, int]] | None = None,
+) -> ApplicationReport:
+    """One application's report; `pools`: the GPUs per pod of the worker groups, by the pool
+    resource each offers, when the config came from a RayService manifest."""
     report = ApplicationReport(name=str(application.get("name") or f"applications[{index}]"))
     try:
         config = AppConfig.model_validate(application.get("args") or {})
@@ -318,7 +467,10 @@ def check_application(application: Mapping[str, Any], index: int = 0) -> Applica
                       custom_proposer_config(config.speculation)),
     }
     if config.sidecar.enabled:
-        engines["Sidecar"] = (config.sidecar.engine, "sidecar.engine", None)
+        # The sidecar's engine drafts the verifying pass over a call from its slots: it gets
+        # the candidate proposer too (app/engine/sidecar.py).
+        engines["Sidecar"] = (config.sidecar.engine, "sidecar.engine",
+                              custom_proposer_config(config.speculation))
     ngram = config.baselines.ngram
     if ngram.enabled:
         engines["MainModelNgram"] = (
@@ -326,6 +478,7 @@ def check_application(application: Mapping[str, Any], index: int = 0) -> Applica
             "baselines.ngram.engine" if ngram.engine else "main.engine",
             ngram.speculative_config(),
         )
+    pools = pools or {}
     for name, (actor, actor_from) in actors.items():
         dep = DeploymentReport(
             name=name, actor=actor.model_dump(exclude_none=True), actor_from=actor_from
@@ -333,6 +486,7 @@ def check_application(application: Mapping[str, Any], index: int = 0) -> Applica
         if name in engines:
             cfg, setting, speculative = engines[name]
             check_engine(dep, actor, cfg, setting, speculative)
+            check_parallel(dep, actor, cfg, setting, _entry(application, name), pools)
         if name == "MainModel":
             check_tool_format(dep, config.main.engine)
         if name == "Sidecar":
@@ -342,11 +496,54 @@ def check_application(application: Mapping[str, Any], index: int = 0) -> Applica
     return report
 
 
-def _user_config(application: Mapping[str, Any], deployment: str) -> Any:
+def _entry(application: Mapping[str, Any], deployment: str) -> Mapping[str, Any]:
     for entry in application.get("deployments") or []:
         if isinstance(entry, Mapping) and entry.get("name") == deployment:
-            return entry.get("user_config")
-    return None
+            return entry
+    return {}
+
+
+def _user_config(application: Mapping[str, Any], deployment: str) -> Any:
+    return _entry(application, deployment).get("user_config")
+
+
+def check_parallel(
+    dep: DeploymentReport,
+    actor: ActorOptions,
+    cfg: EngineConfig,
+    setting: str,
+    entry: Mapping[str, Any],
+    pools: Mapping[str, tuple[str, int]],
+) -> None:
+    """A tensor-parallel engine: its replica holds all its GPUs on one node (the placement
+    app/engine/placement.py derives, shown in the report), and the worker group its pool
+    resource pins it to has that many GPUs per pod."""
+    tp = cfg.tensor_parallel_size
+    dep.tensor_parallel_size = tp
+    where = f"deployments[{dep.name}]"
+    options = actor.model_dump(exclude_none=True)
+    dep.placement = engine_placement(tp, options)
+    if tp > 1 and dep.platform != "cuda":
+        dep.errors.append(
+            f"`{setting}.tensor_parallel_size` = {tp} needs GPUs: give {where} "
+            f"`ray_actor_options.num_gpus: {tp}`, or set `{setting}.tensor_parallel_size` to 1"
+        )
+        return
+    for problem in placement_problems(
+        tp, options, entry.get("placement_group_bundles"), entry.get("placement_group_strategy")
+    ):
+        dep.errors.append(f"`{setting}.tensor_parallel_size` = {tp}: in {where}, {problem}")
+    needed = max(tp if tp > 1 else 0, math.ceil(actor.num_gpus))
+    for resource in actor.resources:
+        if resource in pools and pools[resource][1] < needed:
+            group, gpus = pools[resource]
+            fix = (f"lower `{setting}.tensor_parallel_size`" if tp > 1
+                   else f"lower {where} `ray_actor_options.num_gpus`")
+            dep.errors.append(
+                f"the engine needs {needed} GPUs on one node (`{setting}.tensor_parallel_size` "
+                f"= {tp}), but worker group {group!r}, which offers {resource}, has {gpus} per "
+                f"pod: raise its pods' nvidia.com/gpu to {needed}, or {fix}"
+            )
 
 
 def sidecar_adapter_errors(config: AppConfig, user_config: Any) -> list[str]:
@@ -453,8 +650,14 @@ def check_engine(
     dep.model = cfg.model
     launch = engine_launch(platform, cfg, _model_path_for_display(cfg.model), speculative)
     dep.engine_args = launch.kwargs
+    dep.speculative_config = launch.kwargs.get("speculative_config")
     dep.env = launch.effective_env({})
     dep.env_unset = list(launch.env_unset)
+    if hub_offline():
+        missing = missing_weights(cfg.model, setting)
+        if missing is not None:
+            dep.errors.append(missing)
+    check_max_model_len(dep, cfg, setting)
     found = model_dims(cfg)
     if found is None:
         dep.errors.append(
@@ -498,6 +701,41 @@ def check_engine(
         )
 
 
+def check_max_model_len(dep: DeploymentReport, cfg: EngineConfig, setting: str) -> None:
+    """vLLM refuses a `max_model_len` beyond the model's own (from its config.json when
+    local, else the table of known models)."""
+    raw = _raw_config_json(cfg.model)
+    limit: tuple[int, str] | None = None
+    if raw is not None:
+        limit = model_max_len(raw)
+    else:
+        key = EMBEDDED_MODEL_ID if cfg.model == "embedded" else cfg.model.lower()
+        if key in KNOWN_MAX_LEN:
+            limit = KNOWN_MAX_LEN[key], "max_position_embeddings (table of known models)"
+    if limit is None:
+        return
+    dep.max_model_len_limit, dep.max_model_len_from = limit
+    if cfg.max_model_len > limit[0]:
+        dep.errors.append(
+            f"`{setting}.max_model_len` = {cfg.max_model_len} is beyond the model's limit of "
+            f"{limit[0]} tokens ({limit[1]}), which vLLM refuses: lower `{setting}.max_model_len`"
+            f" to at most {limit[0]}"
+        )
+
+
+def check_dtype(dep: DeploymentReport, cfg: EngineConfig, setting: str, gpu_type: str) -> None:
+    """bf16 needs compute capability 8.0 (vLLM: "Bfloat16 is only supported on GPUs with
+    compute capability of at least 8.0"); `auto` falls back to float16 there by itself."""
+    capability = COMPUTE_CAPABILITY.get(gpu_type)
+    if cfg.dtype == "bfloat16" and capability is not None and capability < BF16_MIN_CAPABILITY:
+        version = ".".join(str(part) for part in capability)
+        dep.errors.append(
+            f"`{setting}.dtype` = bfloat16 needs compute capability 8.0, the {gpu_type} has "
+            f"{version}: set `{setting}.dtype` to float16 (or `{setting}.gpu_type` to the GPU "
+            "the replicas really run on)"
+        )
+
+
 def _gpu_cache(
     dep: DeploymentReport,
     actor: ActorOptions,
@@ -514,8 +752,12 @@ def _gpu_cache(
         what = "no GPU type" if gpu_type is None else f"unknown GPU type {gpu_type!r}"
         dep.errors.append(f"{what}: set `{setting}.gpu_type` to one of {known}")
         return None
+    check_dtype(dep, cfg, setting, gpu_type)
+    # A tensor-parallel engine spreads weights and KV cache over its GPUs.
+    gpus = cfg.tensor_parallel_size
     total = GPU_MEMORY_MIB[gpu_type] * (1 << 20)
     dep.gpu_memory_gib = round(total / GIB, 1)
+    total *= gpus
     if actor.num_gpus < 1 and cfg.gpu_memory_utilization > actor.num_gpus:
         # vLLM refuses to start when less than utilization x total is free; a replica that
         # shares its GPU is only sure to find its own share free.
@@ -527,7 +769,7 @@ def _gpu_cache(
         return None
     budget = cfg.gpu_memory_utilization * total
     weights = dims.num_parameters * dtype_bytes
-    left = budget - weights - GPU_RESERVE_GIB * GIB
+    left = budget - weights - gpus * GPU_RESERVE_GIB * GIB
     if cfg.kv_cache_gib is not None:
         cache = cfg.kv_cache_gib * GIB
         if cache > left:
@@ -561,6 +803,16 @@ def format_report(report: ConfigReport) -> str:
             if dep.engine_args is not None:
                 lines.append(f"    model {dep.model}; dims from {dep.model_dims_from}")
                 lines.append(f"    engine args: {json.dumps(dep.engine_args, sort_keys=True)}")
+                if dep.speculative_config is not None:
+                    spec = json.dumps(dep.speculative_config, sort_keys=True)
+                    lines.append(f"    speculative_config: {spec}")
+                if dep.placement is not None:
+                    place = json.dumps(dep.placement.model_dump(), sort_keys=True)
+                    lines.append(f"    placement (tensor parallel {dep.tensor_parallel_size}): "
+                                 f"{place}")
+                if dep.max_model_len_limit is not None:
+                    lines.append(f"    model's max length: {dep.max_model_len_limit} "
+                                 f"({dep.max_model_len_from})")
                 env = " ".join(f"{k}={v}" for k, v in sorted((dep.env or {}).items()))
                 unset = f"; unset {' '.join(dep.env_unset)}" if dep.env_unset else ""
                 lines.append(f"    env: {env}{unset}")

@@ -16,6 +16,7 @@ from ray.serve import Application, Deployment
 
 from app.config import MAIN_NGRAM, load_config
 from app.engine.baselines import NGRAM
+from app.engine.placement import engine_placement
 from deployments.main_model import MainModel
 from deployments.router import Router
 from deployments.sidecar import Sidecar
@@ -40,12 +41,23 @@ DEFAULT_OPTIONS: dict[str, dict[str, Any]] = {
 }
 
 
-def _deployment(cls: Any, name: str | None = None) -> Deployment:
+def _deployment(cls: Any, name: str | None = None, tensor_parallel_size: int = 1) -> Deployment:
     # `@serve.deployment` has turned the class into a Deployment; mypy only sees the class.
     deployment: Deployment = cls
     if name is not None:
         deployment = deployment.options(name=name)
-    return deployment.options(**DEFAULT_OPTIONS[deployment.name])
+    options = dict(DEFAULT_OPTIONS[deployment.name])
+    # A tensor-parallel engine's replica holds all its GPUs on one node. A `deployments:` entry
+    # that sets `ray_actor_options` must set this placement too (`ooo-spec config check` says
+    # what): Serve requires the actor's options to fit in the first bundle.
+    placement = engine_placement(tensor_parallel_size, options["ray_actor_options"])
+    if placement is not None:
+        options["ray_actor_options"] = {
+            **options["ray_actor_options"], "num_gpus": placement.num_gpus,
+        }
+        options["placement_group_bundles"] = placement.placement_group_bundles
+        options["placement_group_strategy"] = placement.placement_group_strategy
+    return deployment.options(**options)
 
 
 def build_app(args: dict[str, Any] | None = None) -> Application:
@@ -53,12 +65,19 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     # Every deployment but the router gets the config without `auth`: API keys reach the
     # router only (and stay out of the engines' logs and errors).
     shared = config.model_dump(mode="json", exclude={"auth"})
-    main = _deployment(MainModel).bind(shared)
-    sidecar = _deployment(Sidecar).bind(shared) if config.sidecar.enabled else None
+    main = _deployment(MainModel, None, config.main.engine.tensor_parallel_size).bind(shared)
+    sidecar = (
+        _deployment(Sidecar, None, config.sidecar.engine.tensor_parallel_size).bind(shared)
+        if config.sidecar.enabled
+        else None
+    )
     tool_worker = _deployment(ToolWorker).bind(shared)
     # The same deployment class under its own name, so it scales and is placed on its own.
     main_ngram = (
-        _deployment(MainModel, MAIN_NGRAM).bind(shared, NGRAM)
+        _deployment(
+            MainModel, MAIN_NGRAM,
+            (config.baselines.ngram.engine or config.main.engine).tensor_parallel_size,
+        ).bind(shared, NGRAM)
         if config.baselines.ngram.enabled
         else None
     )

@@ -15,12 +15,12 @@ from ray import serve
 from app import telemetry
 from app.config import load_config
 from app.engine.baselines import baseline_service
+from app.engine.history import ANONYMOUS_TENANT, TENANT_KEY
 from app.engine.main_model import MainModelService
 from app.engine.turn import TurnError, TurnEvent, TurnResult
 from app.engine.vllm_engine import RequestRejected
 from app.openai_models import ChatCompletionRequest
 from app.speculation.prediction import Prediction
-from app.tenancy import ANONYMOUS_TENANT, TENANT_KEY
 from deployments.metrics import ServeMetrics
 
 

@@ -54,10 +54,10 @@ from app.api.responses import (
 )
 from app.api.sidecar_gate import SidecarGate
 from app.config import load_config
+from app.engine.history import TENANT_KEY
 from app.engine.tool_formats import get_format
 from app.engine.turn import TurnError, TurnEvent
 from app.speculation.prediction import Prediction
-from app.tenancy import TENANT_KEY
 from app.tools.registry import DEFAULT_TIMEOUT_S, ToolResult, ToolSpec
 from deployments.metrics import ServeMetrics
 
@@ -122,14 +122,13 @@ class PoolTools:
         return self._listing
 
     async def execute(
-        self, name: str, arguments: dict[str, Any], speculative: bool, tenant: str
+        self, name: str, arguments: dict[str, Any], speculative: bool
     ) -> ToolResult:
         spec = (await self.specs()).get(name)
         limit = (spec.timeout_s if spec is not None else DEFAULT_TIMEOUT_S) + TOOL_CALL_GRACE_S
         # The caller's span (the turn, or its `agent.tools`) is the tool run's parent.
         response: Any = self.handle.execute.remote(
-            name, arguments, speculative=speculative, trace_context=telemetry.inject(),
-            tenant=tenant,
+            name, arguments, speculative=speculative, trace_context=telemetry.inject()
         )
         try:
             async with asyncio.timeout(limit):

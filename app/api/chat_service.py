@@ -207,9 +207,7 @@ class ChatService:
                 state.finals.append(turn.final)
                 if turn.prediction is not None:
                     state.predictions.append(turn.prediction)
-                # Canonical equality validates against the client's schemas: off the loop.
-                state.outcomes.append(
-                    await asyncio.to_thread(self.outcome, turn_request, turn.final))
+                state.outcomes.append(self.outcome(turn_request, turn.final))
                 telemetry.set_attributes(turn_span, telemetry.turn_attributes(
                     len(state.finals) - 1, turn_request.effective_tool_choice,
                     state.outcomes[-1], (c.name for c in turn.invocations)))

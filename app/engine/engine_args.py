@@ -72,6 +72,10 @@ def _common_kwargs(
     }
     if cfg.block_size is not None:
         kwargs["block_size"] = cfg.block_size
+    if cfg.tensor_parallel_size > 1:
+        kwargs["tensor_parallel_size"] = cfg.tensor_parallel_size
+        # Worker processes of this replica, on the GPUs it reserved (app/engine/placement.py).
+        kwargs["distributed_executor_backend"] = "mp"
     return kwargs
 
 

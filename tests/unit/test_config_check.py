@@ -23,6 +23,7 @@ from app.config_check import (
     dims_from_config_json,
     kv_bytes_for_request,
     kv_bytes_per_token,
+    model_max_len,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -214,3 +215,188 @@ def test_cli_exit_codes_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "`sidecar.engine.kv_cache_gib`" in out and "cannot start" in out
     (tmp_path / "empty.yaml").write_text("a: 1\n")
     assert cli_main(["config", "check", str(tmp_path / "empty.yaml")]) == 1
+
+
+# ---------------------------------------------------------------- what fails at start (issue 32)
+
+
+def _main_engine(config: dict[str, Any]) -> dict[str, Any]:
+    engine: dict[str, Any] = config["applications"][0]["args"]["main"]["engine"]
+    return engine
+
+
+def _check_file_of(tmp_path: Path, config: dict[str, Any]) -> ConfigReport:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return check_file(path)
+
+
+def test_bf16_on_a_t4_is_refused_naming_dtype(tmp_path: Path) -> None:
+    config = load(GPU_CONFIG)
+    _main_engine(config).update(gpu_type="T4", max_model_len=4096)
+    report = _check_file_of(tmp_path, config)
+    errors = [e for e in report.errors if "MainModel" in e]
+    assert any("`main.engine.dtype` = bfloat16" in e and "T4" in e and "7.5" in e
+               for e in errors), errors
+    _main_engine(config)["dtype"] = "float16"
+    assert not [e for e in check(config).errors if "dtype" in e]
+    # Ampere and newer run it.
+    for gpu in ("A100-80G", "L4", "H100"):
+        assert "bfloat16" not in " ".join(check_dtype_only(gpu))
+
+
+def check_dtype_only(gpu_type: str) -> list[str]:
+    config = load(GPU_CONFIG)
+    _main_engine(config).update(gpu_type=gpu_type)
+    return [e for e in check(config).errors if "dtype" in e]
+
+
+def test_a_max_model_len_beyond_the_models_limit_is_refused(tmp_path: Path) -> None:
+    config = load(GPU_CONFIG)
+    _main_engine(config)["max_model_len"] = 65_536
+    (error,) = [e for e in _check_file_of(tmp_path, config).errors if "limit" in e]
+    assert "`main.engine.max_model_len` = 65536" in error and "40960" in error
+    assert deployment(check(load(GPU_CONFIG)), "MainModel").max_model_len_limit == 40_960
+
+
+def test_the_models_limit_comes_from_its_config_json_with_rope_scaling(tmp_path: Path) -> None:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    hf_config = {
+        "model_type": "llama", "hidden_size": 256, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "num_hidden_layers": 2, "intermediate_size": 512,
+        "vocab_size": 1000, "max_position_embeddings": 2048,
+        "rope_scaling": {"rope_type": "linear", "factor": 4.0},
+    }
+    (folder / "config.json").write_text(json.dumps(hf_config))
+    assert model_max_len(hf_config) == (8192, "max_position_embeddings x rope_scaling.factor 4.0")
+    # YaRN's max_position_embeddings is already the scaled length, as vLLM reads it.
+    yarn = {**hf_config, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}
+    assert model_max_len(yarn) == (2048, "max_position_embeddings")
+    config = load(ROOT / "configs" / "local.yaml")
+    _main_engine(config).update(model=str(folder), max_model_len=8192, kv_cache_gib=1)
+    assert not [e for e in check(config).errors if "limit" in e]
+    _main_engine(config)["max_model_len"] = 8193
+    assert any("`main.engine.max_model_len` = 8193" in e and "8192" in e
+               for e in check(config).errors)
+
+
+def _fake_hub_snapshot(cache: Path, repo: str, with_weights: bool) -> None:
+    folder = cache / f"models--{repo.replace('/', '--')}"
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text("abc123")
+    snapshot = folder / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text(json.dumps({
+        "hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 8,
+        "head_dim": 128, "num_hidden_layers": 28, "intermediate_size": 3072,
+        "vocab_size": 151936, "max_position_embeddings": 40960,
+    }))
+    if with_weights:
+        (snapshot / "model.safetensors").write_bytes(b"")
+
+
+def test_a_missing_model_with_the_hub_offline_is_refused_naming_the_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import huggingface_hub.constants
+
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    config = load(GPU_CONFIG)
+    assert check(config).ok  # online: vLLM would download the weights
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    errors = _check_file_of(tmp_path, config).errors
+    assert any("`main.engine.model` = 'Qwen/Qwen3-8B'" in e and "HF_HUB_OFFLINE" in e
+               for e in errors), errors
+    assert any("`sidecar.engine.model` = 'Qwen/Qwen3-0.6B'" in e for e in errors)
+    _fake_hub_snapshot(cache, "Qwen/Qwen3-0.6B", with_weights=False)
+    _fake_hub_snapshot(cache, "Qwen/Qwen3-8B", with_weights=True)
+    errors = check(config).errors
+    assert not [e for e in errors if "main.engine.model" in e]
+    assert [e for e in errors if "sidecar.engine.model" in e], "a config.json is not weights"
+
+
+def test_gpu_configs_show_the_sidecars_speculative_config(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for path in (GPU_CONFIG, ROOT / "configs" / "gpu-smoke-1gpu.yaml"):
+        assert cli_main(["config", "check", "--json", str(path)]) == 0
+        report = json.loads(capsys.readouterr().out)
+        (app,) = report["applications"]
+        by_name = {d["name"]: d for d in app["deployments"]}
+        for name in ("MainModel", "Sidecar"):
+            spec = by_name[name]["speculative_config"]
+            assert spec["method"] == "custom_class"
+            assert spec["num_speculative_tokens"] == 16
+            assert by_name[name]["engine_args"]["speculative_config"] == spec
+
+
+def _tensor_parallel(config: dict[str, Any], tp: int) -> dict[str, Any]:
+    application = config["applications"][0]
+    _main_engine(config)["tensor_parallel_size"] = tp
+    entry = next(d for d in application["deployments"] if d["name"] == "MainModel")
+    entry["ray_actor_options"]["num_gpus"] = tp
+    actor = entry["ray_actor_options"]
+    entry["placement_group_bundles"] = [
+        {"CPU": float(actor["num_cpus"]), "GPU": float(tp),
+         **{k: float(v) for k, v in actor["resources"].items()}}
+    ]
+    entry["placement_group_strategy"] = "STRICT_PACK"
+    return config
+
+
+def test_a_tensor_parallel_variant_shows_its_placement_in_json(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    config = _tensor_parallel(load(GPU_CONFIG), 4)
+    entry = next(d for d in config["applications"][0]["deployments"] if d["name"] == "MainModel")
+    cpus = float(entry["ray_actor_options"]["num_cpus"])
+    path = tmp_path / "tp4.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert cli_main(["config", "check", "--json", str(path)]) == 0, capsys.readouterr().out
+    report = json.loads(capsys.readouterr().out)
+    main = next(d for d in report["applications"][0]["deployments"] if d["name"] == "MainModel")
+    assert main["tensor_parallel_size"] == 4
+    assert main["engine_args"]["tensor_parallel_size"] == 4
+    assert main["engine_args"]["distributed_executor_backend"] == "mp"
+    assert main["placement"] == {
+        "num_gpus": 4,
+        "placement_group_bundles": [{"CPU": cpus, "GPU": 4.0, "main_pool": 1.0}],
+        "placement_group_strategy": "STRICT_PACK",
+    }
+
+
+def test_tensor_parallel_needs_its_gpus_in_the_deployment_options() -> None:
+    config = load(GPU_CONFIG)
+    _main_engine(config)["tensor_parallel_size"] = 2
+    errors = [e for e in check(config).errors if "tensor_parallel_size" in e]
+    assert any("ray_actor_options.num_gpus` to 2" in e for e in errors), errors
+    assert any("placement_group_bundles" in e and "STRICT_PACK" in e for e in errors)
+    assert check(_tensor_parallel(load(GPU_CONFIG), 2)).ok
+    cpu = load(ROOT / "configs" / "local.yaml")
+    _main_engine(cpu)["tensor_parallel_size"] = 2
+    assert any("needs GPUs" in e and "`main.engine.tensor_parallel_size`" in e
+               for e in check(cpu).errors)
+
+
+def test_tensor_parallel_4_on_a_1_gpu_worker_group_is_refused(tmp_path: Path) -> None:
+    """A RayService manifest: the worker group the pool resource pins MainModel to has one
+    GPU per pod (k8s/base/rayservice.yaml), so four ranks cannot be on one node."""
+    config = _tensor_parallel(load(GPU_CONFIG), 4)
+    rayservice = yaml.safe_load((ROOT / "k8s" / "base" / "rayservice.yaml").read_text())
+    rayservice["spec"]["serveConfigV2"] = yaml.safe_dump(config)
+    path = tmp_path / "rayservice.yaml"
+    path.write_text(yaml.safe_dump(rayservice))
+    errors = check_file(path).errors
+    (error,) = [e for e in errors if "worker group" in e]
+    assert "'main'" in error and "1 per pod" in error and "nvidia.com/gpu to 4" in error
+    assert "`main.engine.tensor_parallel_size`" in error
+    for group in rayservice["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
+        if group["groupName"] == "main":
+            for key in ("requests", "limits"):
+                group["template"]["spec"]["containers"][0]["resources"][key][
+                    "nvidia.com/gpu"] = "4"
+    path.write_text(yaml.safe_dump(rayservice))
+    assert check_file(path).ok, check_file(path).errors

@@ -63,3 +63,19 @@ def bound_options(config: AppConfig) -> dict[str, int]:
             deployment = child._bound_deployment
             found[deployment.name] = deployment._deployment_config.max_ongoing_requests
     return found
+
+
+def test_a_tensor_parallel_engine_gets_its_placement_by_default() -> None:
+    """app/engine/placement.py: the code default of a TP engine's deployment reserves its
+    GPUs in one STRICT_PACK bundle (a `deployments:` entry replaces it; config check says how)."""
+    config = AppConfig.model_validate({"main": {"engine": {"tensor_parallel_size": 2}}})
+    application = build_app(config.model_dump(mode="json"))
+    replicas = {
+        child._bound_deployment.name: child._bound_deployment._replica_config
+        for child in application._bound_deployment.init_args[1:] if child is not None
+    }
+    main = replicas["MainModel"]
+    assert main.ray_actor_options["num_gpus"] == 2
+    assert main.placement_group_bundles == [{"CPU": 1.0, "GPU": 2.0}]
+    assert main.placement_group_strategy == "STRICT_PACK"
+    assert replicas["Sidecar"].placement_group_bundles is None
