@@ -15,6 +15,12 @@ Two modes (config `sidecar.mode`):
   tools (plus "no call" when the model may answer without a call); also used for `auto` and for
   parallel calls, which slot filling does not predict.
 Every prediction parses; the main replica still validates it before drafting from it.
+
+Every grammar the sidecar's engine requests carry (union, slots, names, verify) is compiled
+first in the replica's check pool under the same CPU-time limit as the main replica's forced
+calls (app/engine/grammar_check.py): a schema too slow to compile is not sent to the engine,
+whose own grammar compiles would queue everyone's behind it; that slot (or the prediction)
+is left out, which only means less drafting.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from typing import Any
 
 from app.config import AppConfig
 from app.engine import slot_filling
+from app.engine.grammar_check import GrammarCheck, check_pool, tokenizer_info
+from app.engine.history import ANONYMOUS_TENANT
 from app.engine.pass_ledger import count_passes
 from app.engine.tool_format import (
     ParsedCall,
@@ -36,7 +44,7 @@ from app.engine.tool_format import (
     render_forced_variants,
     with_system_text,
 )
-from app.engine.vllm_engine import USE_ADAPTER, VllmEngine
+from app.engine.vllm_engine import CACHE_SALT, USE_ADAPTER, GenerationResult, VllmEngine
 from app.openai_models import ChatCompletionRequest
 from app.speculation.prediction import PredictedCall, Prediction
 from app.speculation.tool_union import NO_CALL_NAME, invocation_union_schema
@@ -50,9 +58,31 @@ class SidecarService:
         # With the candidate proposer: the verifying pass over a call is drafted from its slots.
         self.engine = VllmEngine(config.sidecar.engine, config.speculation,
                                  lora=config.sidecar.lora)
+        self.grammar_check: GrammarCheck | None = None  # built by start()
 
     def start(self) -> None:
         self.engine.start()
+        config = getattr(getattr(self.engine, "engine", None), "model_config", None)
+        vocab = config.get_vocab_size() if config is not None else None
+        limits = self.config.limits
+        self.grammar_check = GrammarCheck(tokenizer_info(self.engine.tokenizer, vocab),
+                                          limits.grammar_compile_timeout_s,
+                                          limits.check_max_wait_s,
+                                          check_pool(limits, "sidecar"))
+
+    async def check_grammar(self, sampling: dict[str, Any]) -> None:
+        """The grammar of an engine request, compiled within the limit in the check pool under
+        the caller's tenant (the prefix-cache salt the deployment set for this prediction);
+        `GrammarTooSlow` otherwise."""
+        if self.grammar_check is not None:
+            await self.grammar_check.check_sampling(sampling,
+                                                    CACHE_SALT.get() or ANONYMOUS_TENANT)
+
+    async def generate(self, prompt: list[int], sampling: dict[str, Any],
+                       **options: Any) -> GenerationResult:
+        """`engine.generate` once the request's grammar, if any, passed `check_grammar`."""
+        await self.check_grammar(sampling)
+        return await self.engine.generate(prompt, sampling, **options)
 
     def prompt(self, request: ChatCompletionRequest, tools: list[dict[str, Any]]) -> list[int]:
         return self.engine.chat_prompt_ids(prepare_messages(request.message_dicts(), tools))
@@ -178,7 +208,7 @@ class SidecarService:
         if text is None:
             return None
         tail = self.engine.tokenizer.encode(text, add_special_tokens=False)
-        result = await self.engine.generate(
+        result = await self.generate(
             prompt + list(tail),
             {"max_tokens": 1, "temperature": 0.0,
              "structured_regex": slot_filling.AFTER_VALUE_REGEX},
@@ -237,7 +267,7 @@ class SidecarService:
             sampling["structured_regex"] = regex
         else:
             sampling["structured_json"] = slot_filling.slot_schema(parameters, key)
-        result = await self.engine.generate(prompt, sampling)
+        result = await self.generate(prompt, sampling)
         return slot_filling.parse_slot_value(result.text, separated=regex is not None)
 
     async def verify(
@@ -268,7 +298,7 @@ class SidecarService:
         def give(request_id: str) -> None:
             self.engine.store.add_candidates(request_id, texts)
 
-        result = await self.engine.generate(prompt, sampling, speculate=True, on_start=give)
+        result = await self.generate(prompt, sampling, speculate=True, on_start=give)
         if result.finish_reason == "length":
             return []
         try:
@@ -295,6 +325,7 @@ class SidecarService:
             "structured_regex": slot_filling.names_regex(names),
         }
         text = ""
+        await self.check_grammar(sampling)
         stream = self.engine.stream(head, sampling)
         try:
             async for delta in stream:
@@ -322,6 +353,8 @@ class SidecarService:
             budget = self.config.sidecar.max_tokens
             if len(prompt) + budget > self.config.sidecar.engine.max_model_len:
                 return Prediction(error="prompt too long for the sidecar's context")
+            # The alternatives share one grammar: checked once (the check pool shares it too).
+            await self.check_grammar(self._sampling(schema, budget, 0))
             runs = [
                 self.engine.generate(prompt, self._sampling(schema, budget, i))
                 for i in range(self.config.sidecar.top_k)
