@@ -168,7 +168,9 @@ class HistoryConfig(_Strict):
 class SpeculationConfig(_Strict):
     num_speculative_tokens: int = Field(16, ge=1, le=64)
     prompt_lookup_fallback: bool = Field(
-        True, description="Propose from the request's own tokens when no candidate applies."
+        True, description="Propose from the request's own tokens (vLLM's n-gram prompt "
+        "lookup, source `lookup`); drafted where its drafts are expected to be accepted more "
+        "than the other sources' (app/engine/draft_choice.py).",
     )
     schema_drafts: bool = Field(
         True,
@@ -186,6 +188,7 @@ class SpeculationConfig(_Strict):
         "busy, or one restarting) before the main model decodes without it (sidecar_error).",
     )
     history: HistoryConfig = Field(default_factory=lambda: HistoryConfig())
+    suffix: SuffixConfig = Field(default_factory=lambda: SuffixConfig())
     load_aware: LoadAwareConfig = Field(default_factory=lambda: LoadAwareConfig())
 
 
@@ -366,6 +369,18 @@ class LimitsConfig(_Strict):
         8, ge=1, le=128,
         description="Largest `n` (choices per chat completion); each choice is decoded as "
         "its own request, in parallel.",
+    )
+    max_request_tokens: int = Field(
+        16_384, ge=1,
+        description="Tokens one request may make the main model generate over all its choices "
+        "(choices x `max_tokens`; a request without `max_tokens` counts the server's ceiling, "
+        "`router.default_max_tokens` or `max_tokens` above): `n` multiplies decoding work.",
+    )
+    max_logprob_entries: int = Field(
+        65_536, ge=1,
+        description="Logprob entries one request may ask for (choices x `max_tokens` x "
+        "`top_logprobs`, or `logprobs` on /v1/completions): each is a token the router "
+        "decodes and sends; 2,048 tokens x 20 alternatives fit, 8 such choices do not.",
     )
     max_total_schema_bytes: int = Field(
         262_144, ge=256,

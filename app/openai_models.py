@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.output_format import ResponseFormat
+from app.speculation.draft_sources import SourceTallies
 from app.speculation.reconcile import Outcome
 
 SEED_MIN = -(2**63)
@@ -115,6 +116,10 @@ class OooSpecOptions(_Wire):
     # Past committed calls as candidates, and this request's call kept for later ones. Off for
     # benchmarks that send the same question in several modes (it would answer itself).
     history: bool = True
+    # Draft from this tenant's earlier outputs and the request's own tokens (the `suffix`
+    # source), and keep this output for later ones. Off like `history` where the same request
+    # is sent in several modes by one tenant (it would answer itself).
+    suffix: bool = True
     # Which offered tools are the server's own (entries copied from GET /v1/tools): only these
     # may be pre-executed or, with `execute_tools`, run by the server; `true` = every offered
     # tool the server registers. Default none: a client's own tool that happens to share a
@@ -263,6 +268,8 @@ class MainReport(BaseModel):
     accepted_tokens: int = 0
     ttft_ms: float = 0.0
     decode_ms: float = 0.0
+    # Drafted, accepted and gained tokens per draft source (app/speculation/draft_sources.py).
+    sources: SourceTallies = Field(default_factory=SourceTallies)
 
 
 class ToolResultReport(BaseModel):

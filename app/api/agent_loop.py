@@ -37,6 +37,7 @@ def sum_main(reports: Iterable[MainReport]) -> MainReport:
         total.drafted_tokens += main.drafted_tokens
         total.accepted_tokens += main.accepted_tokens
         total.decode_ms += main.decode_ms
+        total.sources.add(main.sources)
         if index == 0:
             total.ttft_ms = main.ttft_ms
     return total

@@ -30,6 +30,7 @@ from typing import Literal
 
 from app.engine.reasoning import Reasoning
 from app.engine.tool_formats.base import ToolFormat
+from app.speculation.draft_sources import DraftSource
 
 PhaseKind = Literal["thinking", "open", "diverged", "call"]
 
@@ -87,15 +88,26 @@ class AutoDrafts:
         self._no_call = False
         self._version = 0
         self._cached: tuple[tuple[PhaseKind, int, int], list[str]] | None = None
+        # Source of each predicted text, and of each built candidate (drafts are counted per
+        # source); schema texts are the schema's.
+        self._sources: dict[str, DraftSource] = {}
+        self._built_sources: dict[str, DraftSource] = {}
 
-    def predicted(self, texts: list[str]) -> None:
+    def predicted(self, texts: list[str], source: DraftSource = "sidecar") -> None:
         """Rendered predicted calls (the sidecar's, history's); newer ones first, as the store
         orders them (they win ties)."""
         if not texts:
             return
         with self._lock:
             self._predicted = list(dict.fromkeys([*texts, *self._predicted]))
+            for text in texts:
+                self._sources.setdefault(text, source)
             self._version += 1
+
+    def source_of(self, candidate: str) -> DraftSource:
+        """The source of a candidate text `candidates` returned."""
+        with self._lock:
+            return self._built_sources.get(candidate, "sidecar")
 
     def no_call(self) -> None:
         """The sidecar expects a text answer: nothing is drafted before a call opens."""
@@ -122,4 +134,6 @@ class AutoDrafts:
         built = [prefix + t for t in dict.fromkeys(texts)]
         with self._lock:
             self._cached = (key, built)
+            self._built_sources = {prefix + t: self._sources.get(t, "schema")
+                                   for t in dict.fromkeys(texts)}
         return built

@@ -18,13 +18,15 @@ from typing import Any
 import numpy as np
 
 from app.engine.alignment import prompt_lookup
-from app.engine.candidate_store import CandidateStore
+from app.engine.candidate_store import CandidateStore, RequestSpeculation
+from app.engine.draft_choice import PendingDraft, Proposal, choose
 from app.engine.draft_policy import DraftPolicy
 from app.engine.request_alignment import (
     TokenizedCandidate,
     TokenizedCandidates,
     TrackedRequest,
 )
+from app.engine.suffix_index import suffix_draft
 
 
 class CandidateProposer:
@@ -97,6 +99,8 @@ class CandidateProposer:
             seen.add(req_id)
             tracked = self.tracked.setdefault(req_id, TrackedRequest())
             tracked.acceptance.observe(len(sampled), self.policy)
+            if tracked.pending is not None:
+                self._settle(req_id, tracked, tracked.pending, sampled)
             num_tokens = int(num_tokens_no_spec[row])
             budget = min(budget_per_row, self.max_model_len - num_tokens - 1)
             prompt_len = int(batch.num_prompt_tokens[row])
@@ -108,27 +112,58 @@ class CandidateProposer:
                 # The anchor did not follow this step's text: search again when drafting.
                 tracked.anchor = None
                 continue
-            draft: list[int] = []
-            # Auto mode: the gate picks the candidates that fit the output so far (none in a
-            # text answer, the calls and schema drafts once a call opens).
-            candidates = (entry.gate.candidates(tracked.text) if entry.gate is not None
-                          else entry.candidates)
-            if candidates:
-                anchor = tracked.locate(piece, candidates, entry.realign)
-                if anchor is not None:
-                    draft = self._candidate_draft(candidates[anchor[0]], anchor[1], budget)
-            else:
-                tracked.anchor = None
-            if not draft and self.prompt_lookup_fallback:
-                draft = prompt_lookup(
-                    token_ids_cpu[row, :num_tokens], budget, self.lookup_min, self.lookup_max
-                )
-            if draft:
-                drafts[row] = draft
-                tracked.acceptance.drafted = len(draft)
-                self.store.record_draft(req_id, len(draft))
+            proposals = self._proposals(entry, tracked, piece, token_ids_cpu[row, :num_tokens],
+                                        budget)
+            chosen = choose(proposals, tracked.rates)
+            if chosen is not None:
+                drafts[row] = chosen.tokens
+                tracked.acceptance.drafted = len(chosen.tokens)
+                tracked.pending = PendingDraft(
+                    chosen, tuple(p for p in proposals if p is not chosen))
+                self.store.record_draft(req_id, len(chosen.tokens), chosen.source)
         self._forget_finished(seen)
         return drafts
+
+    def _proposals(
+        self,
+        entry: RequestSpeculation,
+        tracked: TrackedRequest,
+        piece: str,
+        tokens: np.ndarray,
+        budget: int,
+    ) -> list[Proposal]:
+        """Every source's continuation for the row this step (app/engine/draft_choice.py
+        picks one)."""
+        proposals: list[Proposal] = []
+        # Auto mode: the gate picks the candidates that fit the output so far (none in a
+        # text answer, the calls and schema drafts once a call opens).
+        candidates = (entry.gate.candidates(tracked.text) if entry.gate is not None
+                      else entry.candidates)
+        if candidates:
+            anchor = tracked.locate(piece, candidates, entry.realign)
+            if anchor is not None:
+                text = candidates[anchor[0]]
+                proposals.append(Proposal(entry.source_of(text),
+                                          self._candidate_draft(text, anchor[1], budget)))
+        else:
+            tracked.anchor = None
+        if entry.suffix is not None:
+            proposals.append(Proposal("suffix", suffix_draft(entry.suffix, tokens, budget)))
+        if self.prompt_lookup_fallback:
+            proposals.append(Proposal(
+                "lookup", prompt_lookup(tokens, budget, self.lookup_min, self.lookup_max)))
+        return [p for p in proposals if p.tokens]
+
+    def _settle(
+        self, req_id: str, tracked: TrackedRequest, pending: PendingDraft, committed: list[int]
+    ) -> None:
+        """Count what the last step's draft earned for its source."""
+        assert self.store is not None
+        earned = pending.settle(committed)
+        tracked.rates.observe(pending.chosen.source, len(pending.chosen.tokens),
+                              earned.accepted_tokens)
+        self.store.record_settled(req_id, pending.chosen.source, earned)
+        tracked.pending = None
 
     def _candidate_draft(self, candidate: str, position: int, k: int) -> list[int]:
         assert self.tokenized is not None

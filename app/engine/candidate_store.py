@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from app.engine.auto_drafts import AutoDrafts
+from app.engine.suffix_index import SuffixIndex
+from app.speculation.draft_sources import DraftSource, SourceTallies, SourceTally
 
 
 @dataclass
@@ -30,6 +32,16 @@ class RequestSpeculation:
     # `tool_choice: auto`: the candidates follow the output (app/engine/auto_drafts.py)
     # instead of `candidates`.
     gate: AutoDrafts | None = None
+    # Which source each candidate text came from (drafts are counted per source).
+    candidate_sources: dict[str, DraftSource] = field(default_factory=dict)
+    # The tenant's earlier outputs (app/engine/suffix_index.py); None: no suffix drafts.
+    suffix: SuffixIndex | None = None
+    sources: SourceTallies = field(default_factory=SourceTallies)
+
+    def source_of(self, candidate: str) -> DraftSource:
+        if self.gate is not None:
+            return self.gate.source_of(candidate)
+        return self.candidate_sources.get(candidate, "sidecar")
 
 
 class CandidateStore:
@@ -44,8 +56,11 @@ class CandidateStore:
         with self._lock:
             self._requests[request_id] = RequestSpeculation(enabled=enabled, realign=realign)
 
-    def add_candidates(self, request_id: str, candidates: list[str]) -> bool:
-        """Attach candidates; False when the request is already gone (finished/aborted)."""
+    def add_candidates(
+        self, request_id: str, candidates: list[str], source: DraftSource = "sidecar"
+    ) -> bool:
+        """Attach `source`'s candidates; False when the request is already gone
+        (finished/aborted)."""
         if self.prepare is not None:
             self.prepare(candidates)
         with self._lock:
@@ -54,6 +69,17 @@ class CandidateStore:
                 return False
             # Newer predictions (sidecar over history) go first: they win ties.
             entry.candidates = list(candidates) + entry.candidates
+            for text in candidates:
+                entry.candidate_sources.setdefault(text, source)
+            return True
+
+    def set_suffix(self, request_id: str, index: SuffixIndex) -> bool:
+        """Draft from `index` (the request's tenant's) too; False when the request is gone."""
+        with self._lock:
+            entry = self._requests.get(request_id)
+            if entry is None:
+                return False
+            entry.suffix = index
             return True
 
     def set_gate(self, request_id: str, gate: AutoDrafts) -> bool:
@@ -70,13 +96,21 @@ class CandidateStore:
         with self._lock:
             return self._requests.get(request_id)
 
-    def record_draft(self, request_id: str, drafted: int) -> None:
+    def record_draft(self, request_id: str, drafted: int, source: DraftSource = "sidecar") -> None:
         with self._lock:
             entry = self._requests.get(request_id)
             if entry is not None:
                 entry.drafted_tokens += drafted
+                entry.sources.of(source).drafted_tokens += drafted
                 if entry.paused_steps:
                     entry.drafted_after_pause += drafted
+
+    def record_settled(self, request_id: str, source: DraftSource, earned: SourceTally) -> None:
+        """What `source`'s last draft for the request got accepted (draft_choice.settle)."""
+        with self._lock:
+            entry = self._requests.get(request_id)
+            if entry is not None:
+                entry.sources.of(source).add(earned)
 
     def record_pause(self, request_id: str) -> None:
         with self._lock:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
@@ -18,11 +19,12 @@ from typing import Any
 from opentelemetry.context import Context
 
 from app import telemetry
+from app.check_pool import CheckPool
 from app.config import AppConfig
 from app.engine import chat_prompt
 from app.engine.auto_drafts import AutoDrafts
 from app.engine.grammar_check import GrammarCheck, GrammarTooSlow, check_pool, tokenizer_info
-from app.engine.history import ANONYMOUS_TENANT, InvocationHistory, request_text
+from app.engine.history import InvocationHistory, request_text
 from app.engine.json_grammar import GrammarError, bounded_whitespace_grammar
 from app.engine.logprobs import TokenLogprobs, chat_logprobs, completion_logprobs
 from app.engine.protocol import DraftStore, Engine
@@ -49,8 +51,10 @@ from app.engine.turn import (
 from app.engine.vllm_engine import GenerationTally, VllmEngine
 from app.openai_models import CandidateReport, ChatCompletionRequest, MainReport
 from app.speculation.canonical import Invocation
+from app.speculation.draft_sources import DraftSource, SourceTallies
 from app.speculation.prediction import Prediction
 from app.speculation.validation import validate_arguments
+from app.tenancy import ANONYMOUS_TENANT
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +91,16 @@ class PreparedRequest:
     tenant: str = ANONYMOUS_TENANT
 
 
+def with_choice(shared: PreparedRequest, request: ChatCompletionRequest) -> PreparedRequest:
+    """One choice's request prepared from the rendering it shares with the other choices
+    (`MainModelService.prepare_shared`): its own request, seed and copy of the prompt."""
+    sampling = {k: v for k, v in shared.sampling.items() if k != "seed"}
+    if request.seed is not None:
+        sampling["seed"] = request.seed
+    return replace(shared, request=request, sampling=sampling,
+                   prompt_token_ids=list(shared.prompt_token_ids))
+
+
 @dataclass
 class CandidateIntake:
     """What happened to the sidecar's answer inside the main replica."""
@@ -98,6 +112,13 @@ class CandidateIntake:
     no_call: bool = False
 
 
+class SourcedText(NamedTuple):
+    """A candidate text and the source it came from (drafts are counted per source)."""
+
+    text: str
+    source: DraftSource
+
+
 class CandidateFeed:
     """One turn's drafts on their way into the proposer's store: those known at the start
     (past calls, the schemas' keys), then the sidecar's when they arrive, ahead of the others
@@ -107,19 +128,27 @@ class CandidateFeed:
     them instead and picks, step by step, which apply to the output so far (thinking included)."""
 
     def __init__(self, store: DraftStore, thinking: bool, status: SidecarStatus,
-                 auto: AutoDrafts | None = None) -> None:
+                 auto: AutoDrafts | None = None, suffix: SuffixIndex | None = None) -> None:
         self.store = store
         self.intake = CandidateIntake(status=status)
-        self.pending: list[str] = []
+        self.pending: list[SourcedText] = []
         self.request_id: str | None = None
         self.auto = auto
+        # The tenant's earlier outputs (the `suffix` source), handed to the store at the start.
+        self.suffix = suffix
         self.prefix: str | None = None if thinking and auto is None else ""
 
     def on_start(self, request_id: str) -> None:
         self.request_id = request_id
         if self.auto is not None:
             self.store.set_gate(request_id, self.auto)
+        if self.suffix is not None:
+            self.store.set_suffix(request_id, self.suffix)
         self.offer(self.pending)
+
+    def add(self, texts: list[str], source: DraftSource) -> None:
+        """Candidates known before the start (past calls, schemas), behind earlier ones."""
+        self.pending.extend(SourcedText(t, source) for t in texts)
 
     def add_prediction(self, rendered: list[str]) -> None:
         self.pending[:0] = rendered
@@ -129,15 +158,34 @@ class CandidateFeed:
         self.prefix = prefix
         self.offer(self.pending)
 
-    def offer(self, texts: list[str]) -> None:
-        if self.request_id is None or self.prefix is None or not texts:
+    def offer(self, items: list[SourcedText]) -> None:
+        if self.request_id is None or self.prefix is None or not items:
             return
-        if self.auto is not None:
-            self.auto.predicted(texts)
-            return
-        if self.prefix:  # the model may or may not leave a blank line after its thoughts
-            texts = [self.prefix + sep + t for t in texts for sep in ("", "\n\n")]
-        self.store.add_candidates(self.request_id, texts)
+        # The store puts each batch in front of what it holds: the last run goes in first.
+        for source, texts in reversed(_runs(items)):
+            if self.auto is not None:
+                if source != "schema":  # the gate holds the schemas itself
+                    self.auto.predicted(texts, source)
+                continue
+            if self.prefix:  # the model may or may not leave a blank line after its thoughts
+                texts = [self.prefix + sep + t for t in texts for sep in ("", "\n\n")]
+            self.store.add_candidates(self.request_id, texts, source)
+
+
+def _runs(items: list[SourcedText]) -> list[tuple[DraftSource, list[str]]]:
+    """Consecutive texts of one source, in order.
+
+    >>> _runs([SourcedText("a", "history"), SourcedText("b", "history"),
+    ...        SourcedText("c", "schema")])
+    [('history', ['a', 'b']), ('schema', ['c'])]
+    """
+    runs: list[tuple[DraftSource, list[str]]] = []
+    for text, source in items:
+        if runs and runs[-1][0] == source:
+            runs[-1][1].append(text)
+        else:
+            runs.append((source, [text]))
+    return runs
 
 
 class MainModelService:
@@ -148,9 +196,17 @@ class MainModelService:
         self.engine: Engine = engine or VllmEngine(config.main.engine, config.speculation)
         history = config.speculation.history
         self.grammar_check: GrammarCheck | None = None  # built by start()
+        self.prepare_pool: CheckPool | None = None  # built by start()
         self.history: InvocationHistory | None = (
-            InvocationHistory(history.max_entries, history.min_similarity, history.private_tools)
+            InvocationHistory(history.max_entries, history.min_similarity, history.private_tools,
+                              history.max_entries_per_tenant)
             if history.enabled else None
+        )
+        suffix = config.speculation.suffix
+        self.suffixes: TenantSuffixes | None = (
+            TenantSuffixes(suffix.max_depth, suffix.max_tokens_per_tenant, suffix.max_tenants,
+                           suffix.min_match)
+            if suffix.enabled else None
         )
         self.format = get_format(config.main.engine.tool_format)
         # Known once the engine (and its tokenizer) has started: see `template`.
@@ -167,6 +223,25 @@ class MainModelService:
         mismatch = chat_prompt.format_mismatch(self.engine.tokenizer, self.format)
         if mismatch:
             logger.warning("tool format: %s", mismatch)
+        # Rendering and tokenising prompts: bounded work, shared by a request's choices.
+        self.prepare_pool = CheckPool(2, 2, "prepare")
+
+    async def prepare_shared(
+        self,
+        request: ChatCompletionRequest,
+        raw_prompt: str | list[int] | None = None,
+        tenant: str = ANONYMOUS_TENANT,
+    ) -> PreparedRequest:
+        """`prepare` off the replica's event loop (a long conversation's template and
+        tokeniser take CPU time every other request's stream would wait for), and once for
+        the `n` choices of one request: they arrive as requests that differ in their `seed`
+        alone (app.api), and share one rendering in the prepare pool."""
+        if self.prepare_pool is None:  # not started (offline use)
+            return self.prepare(request, raw_prompt, tenant)
+        key = ("prepare", request.model_dump_json(exclude={"seed"}), json.dumps(raw_prompt))
+        shared = await self.prepare_pool.run(
+            tenant, key, lambda: self.prepare(request, raw_prompt, tenant), math.inf, math.inf)
+        return with_choice(shared, request)
 
     async def check_grammar(self, prepared: PreparedRequest) -> None:
         """A forced call's grammar must compile within `limits.grammar_compile_timeout_s` of CPU
@@ -389,6 +464,13 @@ class MainModelService:
 
     def uses_history(self, prepared: PreparedRequest) -> bool:
         return (self.history is not None and prepared.request.ooo_spec.history
+                and self.engine.speculation is not None)
+
+    def uses_suffix(self, prepared: PreparedRequest) -> bool:
+        """Whether the request drafts from (when it speculates) and adds to its tenant's
+        earlier outputs."""
+        options = prepared.request.ooo_spec
+        return (self.suffixes is not None and options.enabled and options.suffix
                 and self.engine.speculation is not None)
 
     def history_candidates(

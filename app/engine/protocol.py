@@ -13,15 +13,21 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from app.config import SpeculationConfig
     from app.engine.auto_drafts import AutoDrafts
+    from app.engine.suffix_index import SuffixIndex
     from app.engine.vllm_engine import GenerationResult, StepDelta
+    from app.speculation.draft_sources import DraftSource
 
 
 class DraftStore(Protocol):
     """Where candidate texts wait for the proposer (`CandidateStore`)."""
 
-    def add_candidates(self, request_id: str, candidates: list[str]) -> bool: ...
+    def add_candidates(
+        self, request_id: str, candidates: list[str], source: DraftSource = "sidecar"
+    ) -> bool: ...
 
     def set_gate(self, request_id: str, gate: AutoDrafts) -> bool: ...
+
+    def set_suffix(self, request_id: str, index: SuffixIndex) -> bool: ...
 
 
 class Engine(Protocol):

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from app.engine.alignment import best_position
+from app.engine.draft_choice import PendingDraft, SourceRates
 from app.engine.draft_policy import RowAcceptance
 
 Encode = Callable[[str], list[int]]
@@ -142,6 +143,10 @@ class TrackedRequest:
     candidates: list[str] | None = None
     anchor: tuple[int, int] | None = None  # (candidate index, character position)
     acceptance: RowAcceptance = field(default_factory=RowAcceptance)
+    # The draft of the last step, settled by the next step's committed tokens, and each
+    # source's acceptance so far (app/engine/draft_choice.py).
+    pending: PendingDraft | None = None
+    rates: SourceRates = field(default_factory=SourceRates)
 
     def advance(self, output: Sequence[int] | np.ndarray, decode: Decode) -> str:
         """Fold the tokens committed since the last step into `text`; returns the new text."""

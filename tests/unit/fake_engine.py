@@ -11,18 +11,28 @@ from typing import Any
 from app.config import SpeculationConfig
 from app.engine.auto_drafts import AutoDrafts
 from app.engine.pass_ledger import record_pass
+from app.engine.suffix_index import SuffixIndex
 from app.engine.vllm_engine import GenerationResult, GenerationTally, StepDelta
+from app.speculation.draft_sources import DraftSource
 
 
 class RecordingStore:
     def __init__(self) -> None:
         self.added: list[tuple[str, list[str]]] = []
         self.gates: list[tuple[str, AutoDrafts]] = []
+        self.sources: list[tuple[str, DraftSource]] = []
+        self.suffixes: list[tuple[str, SuffixIndex]] = []
         self.filled = asyncio.Event()
 
-    def add_candidates(self, request_id: str, candidates: list[str]) -> bool:
+    def add_candidates(self, request_id: str, candidates: list[str],
+                       source: DraftSource = "sidecar") -> bool:
         self.added.append((request_id, candidates))
+        self.sources.extend((text, source) for text in candidates)
         self.filled.set()
+        return True
+
+    def set_suffix(self, request_id: str, index: SuffixIndex) -> bool:
+        self.suffixes.append((request_id, index))
         return True
 
     def set_gate(self, request_id: str, gate: AutoDrafts) -> bool:

@@ -12,7 +12,10 @@ import pytest
 
 from app.engine.candidate_proposer import CandidateProposer
 from app.engine.candidate_store import CandidateStore
+from app.engine.draft_choice import agreed
 from app.engine.draft_policy import DraftPolicy
+from app.engine.suffix_index import TenantSuffixes
+from app.speculation.draft_sources import DRAFT_SOURCES
 
 PROMPT = 8
 CALL = '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}'
@@ -138,3 +141,66 @@ def test_candidates_are_tokenized_when_added_not_on_the_step() -> None:
     assert batch.proposer.tokenized is not None
     batch.proposer.tokenized._tokenize = no_tokenizing
     assert batch.step([1])[0], "drafts from the texts tokenized on arrival"
+
+
+def run_accepting(batch: Batch) -> int:
+    """Step row 0 to its end, committing each step what the main model would: the drafts that
+    agree with the output, plus one sampled token. Returns the steps taken."""
+    output = batch.outputs[0]
+    steps, advance = 0, 1
+    while batch.done[0] < len(output):
+        draft = batch.step([advance])[0]
+        steps += 1
+        rest = output[batch.done[0]:]
+        advance = agreed(draft, rest) + 1
+    return steps
+
+
+def test_the_tenants_earlier_output_drafts_and_is_counted_as_suffix() -> None:
+    output = encode(CALL)
+    suffixes = TenantSuffixes(max_depth=16, max_tokens=4096, max_tenants=4)
+    suffixes.of("key-a").add(encode("Sure. " + CALL))
+    batch = Batch([output], k=8)
+    batch.store.set_suffix("r0", suffixes.of("key-a"))
+    steps = run_accepting(batch)
+    entry = batch.store.get("r0")
+    assert entry is not None
+    suffix = entry.sources.suffix
+    assert suffix.accepted_tokens > len(output) // 2, suffix
+    assert steps < len(output) // 2
+    assert entry.sources.sidecar.drafted_tokens == entry.sources.lookup.drafted_tokens == 0
+
+
+def test_another_tenants_outputs_are_never_drafted() -> None:
+    output = encode(CALL)
+    suffixes = TenantSuffixes(max_depth=16, max_tokens=4096, max_tenants=4)
+    suffixes.of("key-a").add(encode("Sure. " + CALL))
+
+    def drafts_with(tenant: str) -> list[list[int]]:
+        batch = Batch([output], k=8)
+        batch.store.set_suffix("r0", suffixes.of(tenant))
+        return [batch.step([1])[0] for _ in range(len(output) - 1)]
+
+    # key-b drafts exactly what a tenant with no past at all drafts (the output's own
+    # repeats); key-a's earlier output changes key-a's drafts only.
+    alone = drafts_with("key-never-served")
+    assert drafts_with("key-b") == alone
+    assert drafts_with("key-a") != alone
+
+
+def test_each_accepted_token_is_counted_for_the_source_that_drafted_it() -> None:
+    output = encode(CALL)
+    suffixes = TenantSuffixes(max_depth=16, max_tokens=4096, max_tenants=4)
+    suffixes.of("key-a").add(encode(CALL.replace("celsius", "kelvin")))
+    batch = Batch([output], k=8)
+    # A candidate that agrees up to the city (history), the tenant's last output after it.
+    batch.store.add_candidates("r0", [CALL.replace("Paris", "Rome")], "history")
+    batch.store.set_suffix("r0", suffixes.of("key-a"))
+    steps = run_accepting(batch)
+    entry = batch.store.get("r0")
+    assert entry is not None
+    tallies = [entry.sources.of(s) for s in DRAFT_SOURCES]
+    assert entry.sources.history.accepted_tokens > 0 and entry.sources.suffix.accepted_tokens > 0
+    assert sum(t.drafted_tokens for t in tallies) == entry.drafted_tokens
+    # Every committed token past the first of each step was a draft some source made.
+    assert sum(t.accepted_tokens for t in tallies) == len(output) - steps

@@ -18,10 +18,12 @@ from app.config import AppConfig
 from app.engine.auto_drafts import AutoDrafts
 from app.engine.main_model import MainModelService
 from app.engine.reasoning import Reasoning
+from app.engine.suffix_index import SuffixIndex
 from app.engine.turn import TurnResult
 from app.engine.vllm_engine import StepDelta
 from app.openai_models import ChatCompletionRequest
 from app.speculation.canonical import Invocation
+from app.speculation.draft_sources import DraftSource
 from app.speculation.prediction import PredictedCall, Prediction
 
 
@@ -87,15 +89,19 @@ class _Store:
         self.gate: AutoDrafts | None = None
         self.predicted = asyncio.Event()
 
-    def add_candidates(self, request_id: str, texts: list[str]) -> bool:
+    def add_candidates(self, request_id: str, texts: list[str],
+                       source: DraftSource = "sidecar") -> bool:
         raise AssertionError("auto mode drafts through its gate")
+
+    def set_suffix(self, request_id: str, index: SuffixIndex) -> bool:
+        return True
 
     def set_gate(self, request_id: str, gate: AutoDrafts) -> bool:
         self.gate = gate
         hand_in = gate.predicted
 
-        def predicted(texts: list[str]) -> None:
-            hand_in(texts)
+        def predicted(texts: list[str], source: DraftSource = "sidecar") -> None:
+            hand_in(texts, source)
             self.predicted.set()
 
         gate.predicted = predicted  # type: ignore[method-assign]

@@ -1,0 +1,55 @@
+"""Which source drafts a row, and what its draft earned (app/engine/draft_choice.py)."""
+
+from __future__ import annotations
+
+from app.engine.draft_choice import (
+    PRIOR,
+    PendingDraft,
+    Proposal,
+    SourceRates,
+    choose,
+    expected_accepted,
+)
+
+
+def test_expected_accepted_grows_with_rate_and_length() -> None:
+    assert expected_accepted(0.0, 8) == 0.0
+    assert expected_accepted(0.5, 1) == 0.5
+    assert expected_accepted(0.9, 8) > expected_accepted(0.9, 4) > expected_accepted(0.5, 4)
+
+
+def test_at_equal_rates_the_longer_draft_then_the_source_order_wins() -> None:
+    rates = SourceRates()
+    long = Proposal("lookup", [1, 2, 3, 4])
+    short = Proposal("sidecar", [1, 2])
+    assert choose([short, long], rates) is long
+    same = Proposal("schema", [5, 6, 7, 8])
+    assert choose([long, same], rates) is same  # schema comes before lookup
+    assert choose([], rates) is None
+    assert choose([Proposal("suffix", [])], rates) is None
+
+
+def test_a_source_that_keeps_failing_gives_way() -> None:
+    rates = SourceRates()
+    schema = Proposal("schema", [1, 2, 3, 4, 5, 6])
+    suffix = Proposal("suffix", [7, 8, 9])
+    assert choose([schema, suffix], rates) is schema
+    for _ in range(3):
+        rates.observe("schema", drafted=6, accepted=0)
+    assert rates.rate("schema") < PRIOR
+    assert choose([schema, suffix], rates) is suffix
+    rates.observe("lookup", drafted=0, accepted=0)  # nothing drafted: nothing learnt
+    assert rates.rate("lookup") == PRIOR
+
+
+def test_settle_counts_accepted_and_the_gain_over_the_others() -> None:
+    chosen = Proposal("sidecar", [1, 2, 3, 4])
+    others = (Proposal("schema", [1, 9]), Proposal("suffix", [1, 2, 7]))
+    # 1 2 3 accepted, 5 sampled after them; the suffix's draft would have had 1 2 accepted.
+    earned = PendingDraft(chosen, others).settle([1, 2, 3, 5])
+    assert (earned.drafted_tokens, earned.accepted_tokens, earned.gain_tokens) == (0, 3, 1)
+    # Alone, every accepted token is a gain.
+    assert PendingDraft(chosen).settle([1, 2, 6]).gain_tokens == 2
+    # Another source would have done better: the gain is negative.
+    worse = PendingDraft(Proposal("sidecar", [4]), (Proposal("lookup", [1, 2]),))
+    assert worse.settle([1]).gain_tokens == -1
