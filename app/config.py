@@ -26,8 +26,8 @@ class _Strict(BaseModel):
 # what an entry leaves unset.
 
 # Serve deployment name of each part the config can deploy.
-ROUTER, MAIN, SIDECAR, TOOL_WORKER, MAIN_NGRAM = (
-    "Router", "MainModel", "Sidecar", "ToolWorker", "MainModelNgram"
+ROUTER, MAIN, SIDECAR, TOOL_WORKER, MAIN_NGRAM, MAIN_SUFFIX = (
+    "Router", "MainModel", "Sidecar", "ToolWorker", "MainModelNgram", "MainModelSuffix"
 )
 
 
@@ -606,14 +606,39 @@ class NgramBaselineConfig(_Strict):
         }
 
 
+class SuffixBaselineConfig(_Strict):
+    """vLLM's own suffix decoding (method `suffix`: arctic-inference's suffix trees over the
+    prompt and over the engine's earlier outputs) on a further main engine, at vLLM's default
+    settings: what a team serving an agent would run instead of ooo-spec. Requests reach it
+    with `ooo_spec: {"baseline": "suffix"}`. Needs the `arctic-inference` package (built by
+    scripts/setup.sh); `ooo-spec config check` says when it is missing."""
+
+    enabled: bool = Field(
+        False,
+        description="Deploy the engine. Off by default: a further copy of the main model, for "
+        "comparisons only.",
+    )
+    engine: EngineConfig | None = Field(
+        None, description="None: the same engine settings as `main.engine` (a fair peer)."
+    )
+
+    def speculative_config(self) -> dict[str, Any]:
+        """vLLM's `speculative_config` for this engine: the method alone, so every other
+        setting (tree depth 24, spec factor, minimum probability, cached requests) is
+        vLLM's default, as `vllm serve --speculative-config '{"method": "suffix"}'` runs."""
+        return {"method": "suffix"}
+
+
 class BaselinesConfig(_Strict):
     """Comparison engines beside the main model, selected per request by
     `ooo_spec.baseline`."""
 
     ngram: NgramBaselineConfig = Field(default_factory=NgramBaselineConfig)
+    suffix: SuffixBaselineConfig = Field(default_factory=SuffixBaselineConfig)
 
     def deployed(self) -> list[str]:
-        return ["ngram"] if self.ngram.enabled else []
+        return [name for name, section in (("ngram", self.ngram), ("suffix", self.suffix))
+                if section.enabled]
 
 
 class TelemetryConfig(_Strict):
@@ -656,6 +681,8 @@ class AppConfig(_Strict):
             names.append(SIDECAR)
         if self.baselines.ngram.enabled:
             names.append(MAIN_NGRAM)
+        if self.baselines.suffix.enabled:
+            names.append(MAIN_SUFFIX)
         return names
 
 

@@ -36,7 +36,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Field, ValidationError
 
-from app.config import AppConfig, EngineConfig, ModelDims, SidecarUserConfig
+from app.config import MAIN_SUFFIX, AppConfig, EngineConfig, ModelDims, SidecarUserConfig
 from app.engine.engine_args import (
     DEFAULT_BLOCK_SIZE,
     Platform,
@@ -45,6 +45,7 @@ from app.engine.engine_args import (
     engine_launch,
 )
 from app.engine.placement import Placement, engine_placement, placement_problems
+from app.engine.vllm_suffix import SUFFIX_MISSING, suffix_available
 
 GIB = 1 << 30
 
@@ -478,6 +479,13 @@ def check_application(
             "baselines.ngram.engine" if ngram.engine else "main.engine",
             ngram.speculative_config(),
         )
+    suffix = config.baselines.suffix
+    if suffix.enabled:
+        engines[MAIN_SUFFIX] = (
+            suffix.engine or config.main.engine,
+            "baselines.suffix.engine" if suffix.engine else "main.engine",
+            suffix.speculative_config(),
+        )
     pools = pools or {}
     for name, (actor, actor_from) in actors.items():
         dep = DeploymentReport(
@@ -491,6 +499,9 @@ def check_application(
             check_tool_format(dep, config.main.engine)
         if name == "Sidecar":
             dep.errors += sidecar_adapter_errors(config, _user_config(application, name))
+        if name == MAIN_SUFFIX and not suffix_available():
+            # A warning, not an error: the config may be checked away from the image it runs in.
+            dep.warnings.append(SUFFIX_MISSING)
         report.deployments.append(dep)
     _check_baseline_hardware(report, actors)
     return report
@@ -610,19 +621,20 @@ def check_tool_format(dep: DeploymentReport, cfg: EngineConfig) -> None:
 def _check_baseline_hardware(
     report: ApplicationReport, actors: Mapping[str, tuple[ActorOptions, str]]
 ) -> None:
-    """The n-gram baseline is compared with the main model: it must run on the same hardware,
+    """A baseline engine is compared with the main model: it must run on the same hardware,
     its own GPU when the main model has one."""
-    if "MainModelNgram" not in actors:
-        return
     main, _ = actors["MainModel"]
-    ngram, ngram_from = actors["MainModelNgram"]
-    if main.num_gpus != ngram.num_gpus:
-        dep = next(d for d in report.deployments if d.name == "MainModelNgram")
-        dep.errors.append(
-            f"the n-gram baseline reserves {ngram.num_gpus} GPUs, the main model "
-            f"{main.num_gpus}: set `{ngram_from}.num_gpus` to {main.num_gpus} so it runs on a "
-            "GPU of its own, like the model it is compared with"
-        )
+    for name, label in (("MainModelNgram", "n-gram"), (MAIN_SUFFIX, "suffix")):
+        if name not in actors:
+            continue
+        peer, peer_from = actors[name]
+        if main.num_gpus != peer.num_gpus:
+            dep = next(d for d in report.deployments if d.name == name)
+            dep.errors.append(
+                f"the {label} baseline reserves {peer.num_gpus} GPUs, the main model "
+                f"{main.num_gpus}: set `{peer_from}.num_gpus` to {main.num_gpus} so it runs on "
+                "a GPU of its own, like the model it is compared with"
+            )
 
 
 def _platform(actor: ActorOptions) -> Platform:

@@ -108,9 +108,9 @@ class OooSpecOptions(_Wire):
     # Can only turn pre-execution off for this request (benchmarks isolate its effect); the
     # server's `tool_worker.pre_execute` still decides whether it may happen at all.
     pre_execute: bool = True
-    # Decode on a comparison engine (vLLM's own n-gram speculation) instead of the main model;
-    # no sidecar runs. A 400 when that engine is not deployed.
-    baseline: Literal["ngram"] | None = None
+    # Decode on a comparison engine (vLLM's own n-gram or suffix speculation) instead of the
+    # main model; no sidecar runs. A 400 when that engine is not deployed.
+    baseline: Literal["ngram", "suffix"] | None = None
     # Benchmark-only switches, apart from the options a client sets.
     diagnostics: Diagnostics = Field(default_factory=Diagnostics)
     # Past committed calls as candidates, and this request's call kept for later ones. Off for

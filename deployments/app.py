@@ -14,8 +14,8 @@ from typing import Any
 
 from ray.serve import Application, Deployment
 
-from app.config import MAIN_NGRAM, load_config
-from app.engine.baselines import NGRAM
+from app.config import MAIN_NGRAM, MAIN_SUFFIX, load_config
+from app.engine.baselines import NGRAM, SUFFIX
 from app.engine.placement import engine_placement
 from deployments.main_model import MainModel
 from deployments.router import Router
@@ -38,6 +38,7 @@ DEFAULT_OPTIONS: dict[str, dict[str, Any]] = {
     # A second copy of the main model for comparisons only: no core reserved (on a 2-core box
     # main and sidecar hold both; benchmarks send one request at a time).
     MAIN_NGRAM: {"max_ongoing_requests": 16, "ray_actor_options": {"num_cpus": 0}},
+    MAIN_SUFFIX: {"max_ongoing_requests": 16, "ray_actor_options": {"num_cpus": 0}},
 }
 
 
@@ -81,5 +82,11 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
         if config.baselines.ngram.enabled
         else None
     )
+    main_suffix = (
+        _deployment(MainModel, MAIN_SUFFIX).bind(shared, SUFFIX)
+        if config.baselines.suffix.enabled
+        else None
+    )
     # The router validates `args` itself; a dump would print its SecretStr keys as stars.
-    return _deployment(Router).bind(dict(args or {}), main, sidecar, tool_worker, main_ngram)
+    return _deployment(Router).bind(dict(args or {}), main, sidecar, tool_worker, main_ngram,
+                                    main_suffix)

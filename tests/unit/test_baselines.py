@@ -1,6 +1,7 @@
-"""The n-gram baseline engine without a model: its config section, the service built for it,
-the bench config that deploys it, and how the chat service routes and reports a request that
-asks for it (plus the per-request `pre_execute` switch and `first_commit` timing)."""
+"""The baseline engines (vLLM's n-gram and suffix speculation) without a model: their config
+sections, the service built for each, the bench config that deploys them, and how the chat
+service routes and reports a request that asks for one (plus the per-request `pre_execute`
+switch and `first_commit` timing)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from app.api.chat_service import ChatService
 from app.api.errors import ApiError
 from app.api.pre_execution import ToolPolicy
 from app.config import AppConfig, EngineConfig, load_config
+from app.config_check import check_application
+from app.engine import baselines
 from app.engine.baselines import baseline_service
 from app.openai_models import ChatCompletionRequest
 from tests.unit.test_agent_loop import FakePool, Script, complete, final, lookup, request
@@ -57,15 +60,75 @@ def test_ngram_section_rejects(section: dict[str, Any]) -> None:
         load_config({"baselines": {"ngram": section}})
 
 
-def test_local_default_stays_light_and_bench_config_adds_only_the_ngram_engine() -> None:
+def test_suffix_section_defaults_off_and_asks_vllm_for_its_defaults() -> None:
+    assert AppConfig().baselines.suffix.enabled is False
+    suffix = load_config({"baselines": {"suffix": {"enabled": True}}})
+    assert suffix.baselines.deployed() == ["suffix"]
+    # The method alone: tree depth, spec factor and the rest stay vLLM's defaults.
+    assert suffix.baselines.suffix.speculative_config() == {"method": "suffix"}
+    assert "MainModelSuffix" in suffix.deployment_names()
+    assert "MainModelSuffix" not in AppConfig().deployment_names()
+    both = load_config({"baselines": {"ngram": {"enabled": True},
+                                      "suffix": {"enabled": True}}})
+    assert both.baselines.deployed() == ["ngram", "suffix"]
+    with pytest.raises(ValidationError):
+        load_config({"baselines": {"suffix": {"suffix_decoding_max_tree_depth": 8}}})
+
+
+def test_suffix_baseline_service_uses_vllm_suffix() -> None:
+    config = load_config({"baselines": {"suffix": {"enabled": True}}})
+    service = baseline_service(config, "suffix")  # not started: no model is loaded
+    assert service.engine.speculation is None
+    assert service.engine.vllm_speculative == {"method": "suffix"}
+    assert service.engine.cfg == config.main.engine
+
+
+def test_suffix_baseline_refused_clearly_without_arctic_inference(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(baselines, "suffix_available", lambda: False)
+    config = load_config({"baselines": {"suffix": {"enabled": True}}})
+    with pytest.raises(RuntimeError, match="arctic-inference.*scripts/setup.sh"):
+        baseline_service(config, "suffix")
+    # The n-gram engine does not need it.
+    baseline_service(load_config({"baselines": {"ngram": {"enabled": True}}}), "ngram")
+
+
+def test_config_check_warns_where_suffix_decoding_cannot_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with open(ROOT / "configs" / "bench.yaml") as f:
+        (application,) = yaml.safe_load(f)["applications"]
+    monkeypatch.setattr("app.config_check.suffix_available", lambda: False)
+    report = check_application(application)
+    [suffix] = [d for d in report.deployments if d.name == "MainModelSuffix"]
+    assert any("arctic-inference" in w for w in suffix.warnings)
+    assert suffix.kv_cache is not None  # still sized like the other engines
+    monkeypatch.setattr("app.config_check.suffix_available", lambda: True)
+    [suffix] = [d for d in check_application(application).deployments
+                if d.name == "MainModelSuffix"]
+    assert not any("arctic-inference" in w for w in suffix.warnings)
+
+
+# The engine settings the bench gives the model's full context (BFCL's multi-turn tools alone
+# are 2,100-4,400 tokens); local.yaml keeps 2,048 (its e2e tests decode to the context's end).
+BENCH_CONTEXT = {"max_model_len": 8192, "kv_cache_gib": 1.0}
+
+
+def test_local_default_stays_light_and_bench_config_adds_only_the_baseline_engines() -> None:
     local, bench = app_args("local.yaml"), app_args("bench.yaml")
     assert load_config(local).baselines.deployed() == []
-    assert load_config(bench).baselines.deployed() == ["ngram"]
+    assert load_config(bench).baselines.deployed() == ["ngram", "suffix"]
     # Same server otherwise, so the bench's plain and ooo numbers are the local default's.
     rest = copy.deepcopy(bench)
     rest.pop("baselines")
     # ... and the bench's own tool module (slow_lookup), which the product does not ship.
     assert rest.pop("tools") == [*local.pop("tools"), "load_tests.bench_tools"]
+    for part in ("main", "sidecar"):
+        engine = rest[part]["engine"]
+        assert {k: engine.pop(k) for k in BENCH_CONTEXT} == BENCH_CONTEXT
+        for key in BENCH_CONTEXT:
+            local[part]["engine"].pop(key)
     assert rest == local, "configs/bench.yaml drifted from configs/local.yaml"
     with open(ROOT / "configs" / "local.yaml") as f:
         local_file = yaml.safe_load(f)
@@ -76,9 +139,9 @@ def test_local_default_stays_light_and_bench_config_adds_only_the_ngram_engine()
     # The same deployment options, plus the baseline engine's.
     (local_app,), (bench_app,) = local_file["applications"], bench_file["applications"]
     extra = [d for d in bench_app["deployments"] if d not in local_app["deployments"]]
-    assert [d["name"] for d in extra] == ["MainModelNgram"]
+    assert [d["name"] for d in extra] == ["MainModelNgram", "MainModelSuffix"]
     # No core reserved: main and sidecar hold the two of the local box.
-    assert extra[0]["ray_actor_options"] == {"num_cpus": 0}
+    assert all(d["ray_actor_options"] == {"num_cpus": 0} for d in extra)
 
 
 def test_baseline_service_uses_vllm_ngram_not_the_candidate_proposer() -> None:

@@ -48,7 +48,8 @@ def test_deployment_options_are_not_app_config() -> None:
     with pytest.raises(ValidationError, match="deployment"):
         load_config({"main": {"deployment": {"max_ongoing_requests": 8}}})
     # Every deployment the app can build has code defaults for what an entry leaves unset.
-    everything = AppConfig.model_validate({"baselines": {"ngram": {"enabled": True}}})
+    everything = AppConfig.model_validate(
+        {"baselines": {"ngram": {"enabled": True}, "suffix": {"enabled": True}}})
     assert set(everything.deployment_names()) == set(DEFAULT_OPTIONS)
     for name, options in bound_options(everything).items():
         assert options == DEFAULT_OPTIONS[name]["max_ongoing_requests"], name
