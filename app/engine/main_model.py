@@ -13,8 +13,8 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, NamedTuple
 
 from opentelemetry.context import Context
 
@@ -545,7 +545,11 @@ class MainModelService:
                 receiver.cancel()
                 if feed.intake.status == "pending":
                     feed.intake = CandidateIntake(status="late")
-        yield self.result(prepared, tally, feed.intake, history_reports, started)
+        # The whole output's logprobs (up to max_tokens x top_logprobs entries) are shaped
+        # off the event loop, which streams the other requests meanwhile.
+        logprobs = (await asyncio.to_thread(self.shaped_logprobs, prepared, tally.logprobs)
+                    if tally.logprobs is not None else None)
+        yield self.result(prepared, tally, feed.intake, history_reports, started, logprobs)
 
     async def complete(
         self, prepared: PreparedRequest, candidates: Awaitable[Prediction] | None = None
@@ -599,9 +603,10 @@ class MainModelService:
         started: float,
     ) -> TurnResult:
         """The turn's output parsed into calls and content, recorded in the history, with
-        its report."""
+        its report; `logprobs`: the output's, shaped (`shaped_logprobs`)."""
         result = tally.result()
         drafted = result.speculation.drafted_tokens if result.speculation else 0
+        logprobs: Any = None,
         reasoning, answer = (
             prepared.reasoning.split(result.text) if prepared.reasoning is not None
             else (None, result.text)
@@ -637,8 +642,7 @@ class MainModelService:
                 no_call=intake.no_call,
             ),
             main_ms=(time.perf_counter() - started) * 1000,
-            logprobs=(self.shaped_logprobs(prepared, result.logprobs)
-                      if result.logprobs is not None else None),
+            logprobs=logprobs,
         )
 
     def shaped_logprobs(

@@ -124,7 +124,10 @@ class GenerationTally:
         self.finish = delta.finish_reason or self.finish
         self.speculation = delta.speculation or self.speculation
         if delta.logprobs is not None:
-            self.logprobs = (self.logprobs or []) + delta.logprobs
+            # Extended in place: a new list per delta made the whole output's cost quadratic.
+            if self.logprobs is None:
+                self.logprobs = []
+            self.logprobs.extend(delta.logprobs)
 
     def result(self) -> GenerationResult:
         first = self.first or self.last
