@@ -382,6 +382,18 @@ class LimitsConfig(_Strict):
         "`top_logprobs`, or `logprobs` on /v1/completions): each is a token the router "
         "decodes and sends; 2,048 tokens x 20 alternatives fit, 8 such choices do not.",
     )
+    max_request_tokens: int = Field(
+        16_384, ge=1,
+        description="Tokens one request may make the main model generate over all its choices "
+        "(choices x `max_tokens`; a request without `max_tokens` counts the server's ceiling, "
+        "`router.default_max_tokens` or `max_tokens` above): `n` multiplies decoding work.",
+    )
+    max_logprob_entries: int = Field(
+        65_536, ge=1,
+        description="Logprob entries one request may ask for (choices x `max_tokens` x "
+        "`top_logprobs`, or `logprobs` on /v1/completions): each is a token the router "
+        "decodes and sends; 2,048 tokens x 20 alternatives fit, 8 such choices do not.",
+    )
     max_total_schema_bytes: int = Field(
         262_144, ge=256,
         description="All tool schemas of one request together, as compact JSON.",
@@ -460,7 +472,17 @@ class AuthConfig(_Strict):
         "(keeps secrets out of config files; e.g. from a Kubernetes Secret).",
     )
     max_concurrent_per_key: int = Field(
-        8, ge=1, description="Requests one key may have in flight on one router replica."
+        64, ge=1,
+        description="Engine requests one key may have in flight on one router replica: a "
+        "request counts each choice's main-model request and the sidecar requests beside it "
+        "(in slots mode one per argument slot; app/api/work.py). Beyond it a 429; a request "
+        "that needs more than the whole limit runs only while the key has nothing else in "
+        "flight.",
+    )
+    max_concurrent_anonymous: int = Field(
+        256, ge=1,
+        description="The same limit for callers without a key (a server with no keys "
+        "configured): all anonymous requests on one router replica share it.",
     )
     retry_after_s: int = Field(1, ge=1, description="`Retry-After` of a 429.")
 

@@ -15,12 +15,12 @@ from ray import serve
 from app import telemetry
 from app.config import load_config
 from app.engine.baselines import baseline_service
-from app.engine.history import ANONYMOUS_TENANT, TENANT_KEY
 from app.engine.main_model import MainModelService
+from app.engine.rejections import engine_rejection
 from app.engine.turn import TurnError, TurnEvent, TurnResult
-from app.engine.vllm_engine import RequestRejected
 from app.openai_models import ChatCompletionRequest
 from app.speculation.prediction import Prediction
+from app.tenancy import ANONYMOUS_TENANT, TENANT_KEY
 from deployments.metrics import ServeMetrics
 
 
@@ -64,7 +64,7 @@ class MainModel:
         tenant = str(payload.pop(TENANT_KEY, ANONYMOUS_TENANT))
         request = ChatCompletionRequest.model_validate(payload)
         try:
-            prepared = await self.service.prepare_shared(request, raw_prompt, tenant=tenant)
+            prepared = self.service.prepare(request, raw_prompt, tenant=tenant)
             await self.service.check_grammar(prepared)
         except TurnError as err:
             yield err
@@ -81,10 +81,11 @@ class MainModel:
                         self.metrics, telemetry.main_measurements(event, prepared.speculate)
                     )
                 yield event
-        except RequestRejected as err:  # raised at the engine's add, before any event
-            yield TurnError("the engine rejected the request (with a forced tool call, "
-                            f"usually a tool schema it cannot turn into a grammar): {err}",
-                            code="rejected_by_engine")
+        except Exception as exc:  # vLLM's refusal comes before any event
+            refused = engine_rejection(exc)
+            if refused is None:
+                raise  # the replica's own failure: the router answers 503
+            yield refused
 
     def engine_counters(self) -> dict[str, int]:
         return self.service.engine.counters()

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import time
@@ -34,30 +33,27 @@ from starlette.types import Receive, Scope, Send
 
 from app import telemetry
 from app.api.agent_loop import SidecarStart
-from app.api.auth import ApiKeys, Caller, ConcurrencyLimiter
+from app.api.auth import ApiKeys, Caller, ConcurrencyLimiter, Slot
 from app.api.chat_service import (
     ChatService,
     choice_requests,
     merge_completions,
     stream_sse,
 )
-from app.api.completions import CompletionService, parse_completion_request
+from app.api.completions import CompletionRequest, CompletionService
 from app.api.errors import ApiError, describe_validation_errors, error_body
-from app.api.limits import deadline_error, off_loop, read_limited, with_deadline
+from app.api.limits import deadline_error, read_limited, with_deadline
 from app.api.pre_execution import ToolPolicy
-from app.api.request_checks import parse_request
-from app.api.responses import (
-    ResponseBuilder,
-    parse_responses_request,
-    stream_events,
-    to_chat_request,
-)
+from app.api.request_checks import ROUTES, Bounds, Checked, run_checks
+from app.api.responses import ResponseBuilder, ResponsesRequest, stream_events
 from app.api.sidecar_gate import SidecarGate
+from app.api.work import WorkPlan
 from app.config import load_config
-from app.engine.history import TENANT_KEY
 from app.engine.tool_formats import get_format
 from app.engine.turn import TurnError, TurnEvent
+from app.openai_models import ChatCompletionRequest
 from app.speculation.prediction import Prediction
+from app.tenancy import TENANT_KEY
 from app.tools.registry import DEFAULT_TIMEOUT_S, ToolResult, ToolSpec
 from deployments.metrics import ServeMetrics
 
@@ -122,13 +118,14 @@ class PoolTools:
         return self._listing
 
     async def execute(
-        self, name: str, arguments: dict[str, Any], speculative: bool
+        self, name: str, arguments: dict[str, Any], speculative: bool, tenant: str
     ) -> ToolResult:
         spec = (await self.specs()).get(name)
         limit = (spec.timeout_s if spec is not None else DEFAULT_TIMEOUT_S) + TOOL_CALL_GRACE_S
         # The caller's span (the turn, or its `agent.tools`) is the tool run's parent.
         response: Any = self.handle.execute.remote(
-            name, arguments, speculative=speculative, trace_context=telemetry.inject()
+            name, arguments, speculative=speculative, trace_context=telemetry.inject(),
+            tenant=tenant,
         )
         try:
             async with asyncio.timeout(limit):
@@ -242,22 +239,36 @@ async def _release_on_arrival(ref: Any, release: Callable[[], None]) -> None:
 
 
 class _Admission:
-    """One admitted POST: the caller, its body, and its concurrency slot. The slot is released
-    when the route returns, unless a stream takes it over (`hand_over`) to release at its end."""
+    """One admitted POST: the caller, its checked request, and its concurrency slot. The slot
+    is released when the route returns, unless a stream takes it over (`hand_over`) to release
+    at its end."""
 
-    def __init__(self, caller: Caller, release: Callable[[], None]) -> None:
+    def __init__(self, caller: Caller, slot: Slot) -> None:
         self.caller = caller
-        self.body = b""
-        self._release: Callable[[], None] | None = release
+        self.checked: Checked[Any] | None = None
+        self._slot: Slot | None = slot
+
+    def request(self, model: type[Any]) -> Any:
+        assert self.checked is not None
+        return self.checked.of(model)
+
+    def checked_chat(self) -> ChatCompletionRequest:
+        assert self.checked is not None
+        return self.checked.ask.chat
+
+    def hold(self, engine_requests: int) -> None:
+        """The slot grown to what the checked request may start (a 429 when it does not fit)."""
+        assert self._slot is not None
+        self._slot.resize(engine_requests)
 
     def hand_over(self) -> Callable[[], None]:
-        assert self._release is not None
-        held, self._release = self._release, None
-        return held
+        assert self._slot is not None
+        held, self._slot = self._slot, None
+        return held.release
 
     def release(self) -> None:
-        if self._release is not None:
-            self._release()
+        if self._slot is not None:
+            self._slot.release()
 
 
 @serve.deployment(name="Router")
@@ -270,16 +281,11 @@ class Router:
         sidecar: DeploymentHandle | None,
         tool_worker: DeploymentHandle | None = None,
         main_ngram: DeploymentHandle | None = None,
-        main_suffix: DeploymentHandle | None = None,
     ) -> None:
         self.config = load_config(config)
         self.main = main.options(stream=True)
         # Comparison engines by the name requests give in `ooo_spec.baseline`.
-        self.baselines = {
-            name: handle.options(stream=True)
-            for name, handle in (("ngram", main_ngram), ("suffix", main_suffix))
-            if handle is not None
-        }
+        self.baselines = {"ngram": main_ngram.options(stream=True)} if main_ngram else {}
         self.sidecar = sidecar
         self.sidecar_gate = SidecarGate(self.config.speculation.load_aware.sidecar_max_pending)
         self._arrivals: set[asyncio.Future[None]] = set()  # strong refs: the loop keeps weak ones
@@ -298,17 +304,29 @@ class Router:
         telemetry.setup_tracing("router")
         self.keys = ApiKeys.from_config(self.config.auth, os.environ)
         self.limiter = ConcurrencyLimiter(self.config.auth.retry_after_s)
+        self.bounds = Bounds(
+            self.config.limits, self.config.router.max_body_bytes,
+            self.config.main.engine.max_model_len, self.config.router.default_max_tokens,
+            WorkPlan(self.config.sidecar.mode == "slots", self.config.limits.max_sidecar_slots)
+            if sidecar is not None else None,
+        )
         self.started = time.time()
 
     @contextlib.asynccontextmanager
     async def _admitted(self, raw: Request) -> AsyncIterator[_Admission]:
-        """The POST routes' preamble: the key and the concurrency slot first (nothing else, not
-        even the body, for a refused caller), then the body under `router.max_body_bytes`."""
+        """Every POST route's preamble: the key and one engine request of its concurrency
+        limit first (nothing else, not even the body, for a refused caller), then the body
+        under `router.max_body_bytes`, the route's request checks (app/api/request_checks.py,
+        off the event loop), and the slot grown to the engine requests the request may start
+        (app/api/work.py)."""
         caller = self._authorize(raw)
+        route = ROUTES[raw.scope["route"].path]  # every POST route has its checks there
         admission = _Admission(caller, self.limiter.acquire(caller))
         try:
-            admission.body = await read_limited(
+            body = await read_limited(
                 raw.stream(), raw.headers.get("content-length"), self.config.router.max_body_bytes)
+            admission.checked = await run_checks(route, body, self.bounds)
+            admission.hold(admission.checked.engine_requests)
             yield admission
         finally:
             admission.release()
@@ -357,13 +375,7 @@ class Router:
     async def chat_completions(self, raw: Request) -> JSONResponse | StreamingResponse:
         async with self._admitted(raw) as admission:
             caller = admission.caller
-            max_bytes = self.config.router.max_body_bytes
-            limits = self.config.limits
-            request = await off_loop(
-                lambda: parse_request(admission.body, max_bytes, limits,
-                                      self.config.main.engine.max_model_len),
-                limits.schema_check_timeout_s, limits.check_max_wait_s,
-                "checking the request's schemas")
+            request: ChatCompletionRequest = admission.request(ChatCompletionRequest)
             self._check_model(request.model)
             self.chat.check_options(request)
             # `n` > 1: every choice is a request of its own, decoded in parallel.
@@ -390,9 +402,7 @@ class Router:
         try:
             async with self._admitted(raw) as admission:
                 caller = admission.caller
-                request = parse_completion_request(
-                    admission.body, self.config.router.max_body_bytes, self.config.limits,
-                    self.config.main.engine.max_model_len)
+                request: CompletionRequest = admission.request(CompletionRequest)
                 self._check_model(request.model)
 
                 def main_events(payload: dict[str, Any], prompt: Any) -> AsyncIterator[Any]:
@@ -413,17 +423,9 @@ class Router:
     async def responses(self, raw: Request) -> JSONResponse | StreamingResponse:
         async with self._admitted(raw) as admission:
             caller = admission.caller
-            max_bytes = self.config.router.max_body_bytes
-            request = parse_responses_request(admission.body, max_bytes)
+            request: ResponsesRequest = admission.request(ResponsesRequest)
             self._check_model(request.model)
-            # The chat route's checks (limits, schemas) on the request it becomes.
-            converted = to_chat_request(request).model_dump(exclude_none=True)
-            limits = self.config.limits
-            chat = await off_loop(
-                lambda: parse_request(json.dumps(converted).encode(), 2 * max_bytes, limits,
-                                      self.config.main.engine.max_model_len),
-                limits.schema_check_timeout_s, limits.check_max_wait_s,
-                "checking the request's schemas")
+            chat = admission.checked_chat()  # the chat request it runs as, checked as chat's
             self.chat.check_options(chat)
             events = with_deadline(
                 self.chat.events(chat, self._start_sidecar, self._main_events,

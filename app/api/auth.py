@@ -6,30 +6,32 @@ the anonymous caller; with any, a request needs `Authorization: Bearer <key>` (4
 Only SHA-256 digests of the keys are kept, compared in constant time; errors and metrics name a
 key by its label (`name`, or `key-` and the digest's first 8 hex digits), never by the key.
 
-`ConcurrencyLimiter` admits at most `max_concurrent` requests of one key at a time on this
-router replica and answers the next with 429 and `Retry-After` (with several router replicas
-the limit holds per replica).
+`ConcurrencyLimiter` admits at most `max_concurrent` engine requests of one key at a time on
+this router replica (a request counts its choices and their sidecar requests, app/api/work.py)
+and answers the next with 429 and `Retry-After` (with several router replicas the limit holds
+per replica). Callers without a key share `auth.max_concurrent_anonymous`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from app.api.errors import ApiError
 from app.config import AuthConfig
-from app.engine.history import ANONYMOUS_TENANT
+from app.tenancy import ANONYMOUS_TENANT
 
 ANONYMOUS = "anonymous"
 
 
 @dataclass(frozen=True)
 class Caller:
-    """Who sent a request: the key's label, its concurrency limit (None: unlimited) and its
-    tenant: the id that keeps its history and prefix cache apart from other keys' (derived
-    from the key's digest, so it is stable, unique per key and reveals nothing of the key)."""
+    """Who sent a request: the key's label, its concurrency limit in engine requests (None:
+    unlimited) and its tenant: the id that keeps its history and prefix cache apart from other
+    keys' (derived from the key's digest, so it is stable, unique per key and reveals nothing
+    of the key)."""
 
     key_id: str
     max_concurrent: int | None
@@ -52,8 +54,11 @@ def _unauthorized(message: str) -> ApiError:
 
 
 class ApiKeys:
-    def __init__(self, keys: list[tuple[str, str | None, int | None]], default_limit: int) -> None:
-        """`keys`: (secret, label or None, own concurrency limit or None)."""
+    def __init__(self, keys: list[tuple[str, str | None, int | None]], default_limit: int,
+                 anonymous_limit: int | None = None) -> None:
+        """`keys`: (secret, label or None, own concurrency limit or None); `anonymous_limit`:
+        the limit every caller shares while no key is configured (None: unlimited)."""
+        self.anonymous = Caller(ANONYMOUS, anonymous_limit)
         self._keys: list[_Key] = []
         seen: set[bytes] = set()
         for secret, label, limit in keys:
@@ -72,7 +77,7 @@ class ApiKeys:
         ]
         raw = environ.get(config.api_keys_env, "") if config.api_keys_env else ""
         keys.extend((part.strip(), None, None) for part in raw.split(",") if part.strip())
-        return cls(keys, config.max_concurrent_per_key)
+        return cls(keys, config.max_concurrent_per_key, config.max_concurrent_anonymous)
 
     @property
     def enabled(self) -> bool:
@@ -81,7 +86,7 @@ class ApiKeys:
     def authenticate(self, authorization: str | None) -> Caller:
         """The caller of an `Authorization` header value; raises a 401 `ApiError`."""
         if not self._keys:
-            return Caller(ANONYMOUS, None)
+            return self.anonymous
         if not authorization:
             raise _unauthorized(
                 "this server needs an API key: send 'Authorization: Bearer <key>'"
@@ -99,8 +104,27 @@ class ApiKeys:
         return found
 
 
+class Slot:
+    """The engine requests one admitted request holds of its caller's limit."""
+
+    def __init__(self, limiter: ConcurrencyLimiter, caller: Caller) -> None:
+        self._limiter = limiter
+        self.caller = caller
+        self.held = 0
+
+    def resize(self, wanted: int) -> None:
+        """Hold `wanted` engine requests instead (a 429 `ApiError` with `Retry-After` when the
+        caller's other requests leave too few). A request wanting more than the whole limit
+        is held as the whole limit: it runs only while the caller has nothing else in flight."""
+        self._limiter.resize(self, wanted)
+
+    def release(self) -> None:
+        """Give everything back (safe to call more than once)."""
+        self._limiter.resize(self, 0)
+
+
 class ConcurrencyLimiter:
-    """Requests in flight per key on this replica."""
+    """Engine requests in flight per key on this replica."""
 
     def __init__(self, retry_after_s: int) -> None:
         self.retry_after_s = retry_after_s
@@ -109,31 +133,30 @@ class ConcurrencyLimiter:
     def in_flight(self, key_id: str) -> int:
         return self._in_flight.get(key_id, 0)
 
-    def acquire(self, caller: Caller) -> Callable[[], None]:
-        """Take one slot of `caller`'s limit; returns the release function (safe to call more
-        than once). Raises a 429 `ApiError` with `Retry-After` when the limit is reached."""
+    def acquire(self, caller: Caller, wanted: int = 1) -> Slot:
+        """A slot of `wanted` engine requests of `caller`'s limit (see `Slot.resize`)."""
+        slot = Slot(self, caller)
+        slot.resize(wanted)
+        return slot
+
+    def resize(self, slot: Slot, wanted: int) -> None:
+        caller = slot.caller
         limit = caller.max_concurrent
-        used = self._in_flight.get(caller.key_id, 0)
-        if limit is not None and used >= limit:
+        if limit is not None:
+            wanted = min(wanted, limit)
+        others = self._in_flight.get(caller.key_id, 0) - slot.held
+        if limit is not None and wanted > slot.held and others + wanted > limit:
             raise ApiError(
                 429,
-                f"API key '{caller.key_id}' already has {used} requests in flight; the limit "
-                f"is {limit}. Retry after the running ones finish.",
+                f"API key '{caller.key_id}' already has {others} engine requests in flight and "
+                f"this request needs {wanted} (its choices and their sidecar requests); the "
+                f"limit is {limit}. Retry after the running ones finish.",
                 code="concurrency_limit_exceeded",
                 headers={"Retry-After": str(self.retry_after_s)},
             )
-        self._in_flight[caller.key_id] = used + 1
-        released = False
-
-        def release() -> None:
-            nonlocal released
-            if released:
-                return
-            released = True
-            left = self._in_flight.get(caller.key_id, 1) - 1
-            if left > 0:
-                self._in_flight[caller.key_id] = left
-            else:
-                self._in_flight.pop(caller.key_id, None)
-
-        return release
+        total = others + wanted
+        if total > 0:
+            self._in_flight[caller.key_id] = total
+        else:
+            self._in_flight.pop(caller.key_id, None)
+        slot.held = wanted

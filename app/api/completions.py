@@ -18,11 +18,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.api.chat_service import sse
-from app.api.errors import ApiError, api_error, validated
-from app.api.limits import check_body_depth, check_output_schema, json_object_body, with_deadline
-from app.config import LimitsConfig
+from app.api.errors import ApiError, api_error
+from app.api.limits import with_deadline
 from app.engine.turn import TurnDelta, TurnError, TurnEvent, TurnResult
 from app.openai_models import (
+    SEED_MAX,
+    SEED_MIN,
     ChatCompletionRequest,
     MainReport,
     OooSpecOptions,
@@ -52,7 +53,7 @@ class CompletionRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)  # as chat's (app.openai_models)
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
     suffix: str | None = None
@@ -101,29 +102,6 @@ class CompletionRequest(BaseModel):
             # Past calls are a chat thing: a completion neither uses nor records them.
             ooo_spec=self.ooo_spec.model_copy(update={"history": False}),
         )
-
-
-def parse_completion_request(
-    body: bytes, max_bytes: int, limits: LimitsConfig, context: int
-) -> CompletionRequest:
-    """The validated request, or an `ApiError` (the chat route's checks, for a prompt)."""
-    data = json_object_body(body, max_bytes)
-    check_body_depth(data, limits)
-    request = validated(CompletionRequest, data)
-    ceiling = min(limits.max_tokens, context)
-    if request.max_tokens is not None and request.max_tokens > ceiling:
-        raise ApiError(400, f"max_tokens is {request.max_tokens}; this server generates at "
-                       f"most {ceiling} tokens per request", param="max_tokens",
-                       code="max_tokens_too_large")
-    choices = len(request.prompts()) * request.n
-    if choices > limits.max_choices:
-        raise ApiError(400, f"the request asks for {choices} choices (prompts x n); this "
-                       f"server returns at most {limits.max_choices}", param="n",
-                       code="too_many_choices")
-    schema = request.response_format.output_schema() if request.response_format else None
-    if schema is not None:
-        check_output_schema(schema, limits)
-    return request
 
 
 def _report(request: CompletionRequest, finals: Sequence[TurnResult], started: float

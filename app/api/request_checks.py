@@ -1,42 +1,148 @@
-"""A chat request's checks before any model work: the body to a validated
-`ChatCompletionRequest`, or an `ApiError` (4xx) saying what is wrong."""
+"""The request checks every route runs before any model work, in one place.
+
+A route declares how its body becomes its request model (`Route.parse`) and what that request
+asks of the engines in the shared terms (`Route.ask`: the chat request each choice runs, how
+many choices, how many seeds per prompt). `check_body` runs the body limits, the route's parse
+and the shared limits (`check_ask`) and returns a `Checked`, the only way a route's handler gets
+its request; `run_checks` runs all of it off the event loop under the CPU-time limit, so a slow
+schema cannot stall the router. `ROUTES` maps each POST path to its `Route`: the router reads
+its route from there, and a unit test fails when a POST route of the app is not in it.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from app.api.completions import CompletionRequest
 from app.api.errors import ApiError, validated
 from app.api.limits import (
     check_body_depth,
     check_output_schema,
     check_request,
     json_object_body,
+    off_loop,
 )
+from app.api.responses import ResponsesRequest, to_chat_request
+from app.api.work import WorkPlan, check_work, work_of
 from app.config import LimitsConfig
-from app.openai_models import ChatCompletionRequest
+from app.openai_models import SEED_MAX, SEED_MIN, ChatCompletionRequest
 from app.speculation.validation import check_schema
 
+R = TypeVar("R")
+M = TypeVar("M")
 
-def parse_request(
-    body: bytes,
-    max_bytes: int,
-    limits: LimitsConfig | None = None,
-    context: int | None = None,
-) -> ChatCompletionRequest:
-    """The validated request, or an `ApiError`; `limits` (app.api.limits) and the main model's
-    `context` length bound what it may ask for."""
-    data = json_object_body(body, max_bytes)
-    if limits is not None:
-        check_body_depth(data, limits)
-    request = validated(ChatCompletionRequest, data)
-    if limits is not None:
-        check_request(request, limits, context if context is not None else limits.max_tokens)
-    if limits is not None and (request.n or 1) > limits.max_choices:
-        raise ApiError(400, f"n is {request.n}; this server returns at most "
-                       f"{limits.max_choices} choices per request", param="n",
+
+@dataclass(frozen=True)
+class Bounds:
+    """What the checks read besides the request: the limits, the body's size cap, the main
+    model's context length, the `max_tokens` of a request that gives none (None: the rest of
+    the context) and how the sidecar's work is counted (None: no sidecar deployed)."""
+
+    limits: LimitsConfig
+    max_body_bytes: int
+    context: int
+    default_max_tokens: int | None = None
+    work: WorkPlan | None = None
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What a route's request asks of the engines, in the shared limits' terms: the chat
+    request each choice runs (the main replica takes every route's request as one), the
+    choices in all, and the seeds one prompt uses (choice i of a prompt samples with
+    `seed + i`, as vLLM's parallel sampling)."""
+
+    chat: ChatCompletionRequest
+    choices: int
+    seeds: int
+
+
+@dataclass(frozen=True)
+class Route(Generic[R]):
+    """One POST route's request: its wire model from the JSON body, and its `Ask`."""
+
+    name: str
+    parse: Callable[[dict[str, Any]], R]
+    ask: Callable[[R], Ask]
+
+
+@dataclass(frozen=True)
+class Checked(Generic[R]):
+    """A request that passed every check, with what it asks and the engine requests it may
+    start at once (what the per-key concurrency limit counts)."""
+
+    request: R
+    ask: Ask
+    engine_requests: int
+
+    def of(self, model: type[M]) -> M:
+        """The request as the route's own model (a route reads only its own)."""
+        if not isinstance(self.request, model):
+            raise TypeError(f"checked request is a {type(self.request).__name__}, "
+                            f"not a {model.__name__}")
+        return self.request
+
+
+def _chat_ask(request: ChatCompletionRequest) -> Ask:
+    return Ask(request, request.n or 1, request.n or 1)
+
+
+def _completion_ask(request: CompletionRequest) -> Ask:
+    # Choice i of every prompt samples with seed + i: the prompts share the seeds.
+    return Ask(request.chat_request(0), len(request.prompts()) * request.n, request.n)
+
+
+def _responses_ask(request: ResponsesRequest) -> Ask:
+    return Ask(to_chat_request(request), 1, 1)
+
+
+CHAT: Route[ChatCompletionRequest] = Route(
+    "chat.completions", lambda data: validated(ChatCompletionRequest, data), _chat_ask)
+COMPLETIONS: Route[CompletionRequest] = Route(
+    "completions", lambda data: validated(CompletionRequest, data), _completion_ask)
+RESPONSES: Route[ResponsesRequest] = Route(
+    "responses", lambda data: validated(ResponsesRequest, data), _responses_ask)
+
+# Every POST route of the router, by path (tests/unit/test_request_checks.py holds the app's
+# routes to it).
+ROUTES: dict[str, Route[Any]] = {
+    "/v1/chat/completions": CHAT,
+    "/v1/completions": COMPLETIONS,
+    "/v1/responses": RESPONSES,
+}
+
+
+def check_seeds(seed: int | None, seeds: int) -> None:
+    """Choice i samples with `seed + i`: the last one must still be a seed vLLM takes."""
+    if seed is None:
+        return
+    last = seed + seeds - 1
+    if not SEED_MIN <= last <= SEED_MAX:
+        raise ApiError(400, f"seed is {seed} and choice {seeds - 1} samples with seed + "
+                       f"{seeds - 1} = {last}, outside [{SEED_MIN}, {SEED_MAX}]; lower the seed",
+                       param="seed", code="seed_out_of_range")
+
+
+def check_ask(ask: Ask, bounds: Bounds) -> int:
+    """The limits every route shares, on what its request asks; returns the engine requests
+    it may start at once. Counts and sizes first, so an oversized schema never reaches the
+    metaschema check."""
+    limits = bounds.limits
+    check_request(ask.chat, limits, bounds.context)
+    if ask.choices > limits.max_choices:
+        raise ApiError(400, f"the request asks for {ask.choices} choices; this server returns "
+                       f"at most {limits.max_choices} choices per request", param="n",
                        code="too_many_choices")
-    schema = request.output_schema
+    check_seeds(ask.chat.seed, ask.seeds)
+    work = work_of(ask.chat, ask.choices, limits, bounds.context, bounds.default_max_tokens,
+                   bounds.work)
+    check_work(work, limits)
+    schema = ask.chat.output_schema
     if schema is not None:
         check_output_schema(schema, limits)
-    for tool in request.tools or []:
+    for tool in ask.chat.tools or []:
         problem = check_schema(tool.function.parameters)
         if problem:
             raise ApiError(
@@ -45,4 +151,35 @@ def parse_request(
                 f"Schema: {problem}",
                 param="tools",
             )
-    return request
+    return work.engine_requests
+
+
+def check_body(route: Route[R], body: bytes, bounds: Bounds) -> Checked[R]:
+    """The body of a request to `route`, checked: a `Checked`, or an `ApiError` (4xx)."""
+    data = json_object_body(body, bounds.max_body_bytes)
+    check_body_depth(data, bounds.limits)
+    request = route.parse(data)
+    ask = route.ask(request)
+    return Checked(request, ask, check_ask(ask, bounds))
+
+
+async def run_checks(route: Route[R], body: bytes, bounds: Bounds) -> Checked[R]:
+    """`check_body` in a worker thread under `limits.schema_check_timeout_s` of CPU time (a
+    400 `request_too_complex` past it), so no route's checks run on the event loop."""
+    limits = bounds.limits
+    return await off_loop(lambda: check_body(route, body, bounds),
+                          limits.schema_check_timeout_s, limits.check_max_wait_s,
+                          "checking the request's schemas")
+
+
+def parse_request(
+    body: bytes,
+    max_bytes: int,
+    limits: LimitsConfig | None = None,
+    context: int | None = None,
+) -> ChatCompletionRequest:
+    """A chat request's body checked on this thread (the router runs `run_checks`); `limits`
+    default to the config's defaults, `context` to `limits.max_tokens`."""
+    limits = limits or LimitsConfig()
+    bounds = Bounds(limits, max_bytes, context if context is not None else limits.max_tokens)
+    return check_body(CHAT, body, bounds).request

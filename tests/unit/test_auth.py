@@ -13,11 +13,11 @@ def keys(**config: object) -> ApiKeys:
     return ApiKeys.from_config(AuthConfig.model_validate(config), {})
 
 
-def test_no_keys_means_open_and_unlimited() -> None:
-    open_server = keys()
+def test_no_keys_means_open_with_the_anonymous_cap() -> None:
+    open_server = keys(max_concurrent_anonymous=12)
     assert not open_server.enabled
     for header in (None, "", "Bearer anything", "garbage"):
-        assert open_server.authenticate(header) == Caller(ANONYMOUS, None)
+        assert open_server.authenticate(header) == Caller(ANONYMOUS, 12)
 
 
 @pytest.mark.parametrize(
@@ -63,8 +63,8 @@ def test_each_key_is_its_own_tenant_and_the_tenant_hides_the_key() -> None:
     assert first.tenant != second.tenant  # even under one label
     assert first.tenant == server.authenticate("Bearer key-aaaa-1111").tenant  # stable
     assert "aaaa" not in first.tenant and first.tenant.startswith("tenant-")
-    assert ApiKeys.from_config(AuthConfig(), {}).authenticate(None) == Caller(
-        "anonymous", None, "anonymous")
+    assert ApiKeys.from_config(AuthConfig(max_concurrent_anonymous=7), {}).authenticate(
+        None) == Caller("anonymous", 7, "anonymous")  # anonymous callers share a cap
 
 
 def test_env_var_can_be_switched_off() -> None:
@@ -80,7 +80,7 @@ def test_short_keys_are_a_config_error() -> None:
 def test_concurrency_limit_is_per_key_with_retry_after() -> None:
     limiter = ConcurrencyLimiter(retry_after_s=3)
     a, b = Caller("a", 2), Caller("b", 1)
-    release_a1 = limiter.acquire(a)
+    a1 = limiter.acquire(a)
     limiter.acquire(a)
     limiter.acquire(b)  # another key's slots are its own
     with pytest.raises(ApiError) as caught:
@@ -88,8 +88,8 @@ def test_concurrency_limit_is_per_key_with_retry_after() -> None:
     err = caught.value
     assert err.status == 429 and err.headers == {"Retry-After": "3"}
     assert "'a'" in err.message and "2" in err.message
-    release_a1()
-    release_a1()  # a second release must not free someone else's slot
+    a1.release()
+    a1.release()  # a second release must not free someone else's slot
     assert limiter.in_flight("a") == 1
     limiter.acquire(a)
     with pytest.raises(ApiError):
@@ -98,7 +98,37 @@ def test_concurrency_limit_is_per_key_with_retry_after() -> None:
 
 def test_anonymous_callers_are_not_limited() -> None:
     limiter = ConcurrencyLimiter(retry_after_s=1)
-    releases = [limiter.acquire(Caller(ANONYMOUS, None)) for _ in range(100)]
-    for release in releases:
-        release()
+    slots = [limiter.acquire(Caller(ANONYMOUS, None)) for _ in range(100)]
+    for slot in slots:
+        slot.release()
     assert limiter.in_flight(ANONYMOUS) == 0
+
+
+def test_the_limit_counts_engine_requests() -> None:
+    limiter = ConcurrencyLimiter(retry_after_s=1)
+    key = Caller("k", 10)
+    first = limiter.acquire(key)  # admitted on one engine request, before the body is read
+    first.resize(6)  # its checked request: 2 choices x (main + 2 sidecar slots)
+    second = limiter.acquire(key)
+    with pytest.raises(ApiError) as caught:
+        second.resize(5)  # 6 + 5 > 10
+    assert caught.value.status == 429 and "6 engine requests" in caught.value.message
+    assert limiter.in_flight("k") == 7  # the refused one still holds its first request
+    second.resize(4)
+    assert limiter.in_flight("k") == 10
+    with pytest.raises(ApiError):
+        limiter.acquire(key)
+    first.release()
+    second.release()
+    assert limiter.in_flight("k") == 0
+    # A request that needs more than the whole limit runs alone, as the whole limit.
+    alone = limiter.acquire(key)
+    alone.resize(50)
+    assert limiter.in_flight("k") == 10
+    with pytest.raises(ApiError):
+        limiter.acquire(key)
+    alone.release()
+    other = limiter.acquire(key)
+    with pytest.raises(ApiError):
+        limiter.acquire(key).resize(50)
+    other.release()

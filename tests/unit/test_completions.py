@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from app.api.completions import CompletionRequest, CompletionService, parse_completion_request
+from app.api.completions import CompletionRequest, CompletionService
 from app.api.errors import ApiError
+from app.api.request_checks import COMPLETIONS, Bounds, check_body
 from app.config import LimitsConfig
 from app.engine.turn import TurnDelta, TurnError, TurnEvent, TurnResult
 from app.openai_models import MainReport
@@ -34,7 +35,8 @@ def fake_main(seen: list[tuple[dict[str, Any], Any]]):
 
 
 def parse(**data: Any) -> CompletionRequest:
-    return parse_completion_request(json.dumps(data).encode(), 100_000, LimitsConfig(), 2048)
+    bounds = Bounds(LimitsConfig(), 100_000, 2048)
+    return check_body(COMPLETIONS, json.dumps(data).encode(), bounds).request
 
 
 async def test_prompts_times_n_choices_in_order() -> None:
