@@ -174,9 +174,20 @@ def apply_env(launch: EngineLaunch, environ: dict[str, str] | os._Environ[str]) 
     environ.update(launch.env)
 
 
-def detect_platform() -> Platform:
-    """Where this replica's engine runs: CUDA when torch sees a GPU (Ray hides the GPUs of a
-    replica that reserved none), else CPU."""
-    import torch
+def detect_platform(
+    nvml: Any | None = None, cpu_build: bool | None = None, cuda_version: str | None = None
+) -> Platform:
+    """Where this replica's engine runs, decided as vLLM decides it: CUDA when NVML counts a
+    GPU and vLLM is not a CPU build (app/engine/cuda_driver.py), not when torch sees one (a
+    driver too old for torch's CUDA hides the GPU from torch, not from vLLM). Whenever NVML sees
+    a GPU the driver is checked first: `DriverTooOld` names the driver the image needs.
+    Arguments: fakes for tests (NVML module, build, torch's CUDA version); None reads the real
+    ones."""
+    from app.engine import cuda_driver
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    view = cuda_driver.read_nvml(nvml)
+    build = cuda_driver.vllm_is_cpu_build() if cpu_build is None else cpu_build
+    platform = cuda_driver.nvml_platform(view, build, cuda_driver.is_jetson())
+    if view is not None and view.gpus > 0 and platform == "cuda":
+        cuda_driver.check_driver(nvml, cuda_version)
+    return platform
