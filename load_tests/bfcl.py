@@ -200,7 +200,27 @@ def load_bfcl(category: str, limit: int | None = None, wheel: Path | None = None
 
 
 def _to_case(row: dict[str, Any], ground_truth: list[Any], category: str) -> BfclCase:
-    functions = row.get("function") or []
+    tools, to_openai, dropped = to_openai_tools(row.get("function") or [])
+    turns = row.get("question") or [[]]
+    return BfclCase(
+        id=row["id"],
+        category=category,
+        messages=[dict(message) for message in turns[0]],
+        tools=tools,
+        ground_truth=[
+            {to_openai.get(name, name): params for name, params in entry.items()}
+            for entry in ground_truth
+        ],
+        bfcl_names={openai: bfcl for bfcl, openai in to_openai.items()},
+        dropped_defaults=dropped,
+    )
+
+
+def to_openai_tools(
+    functions: Sequence[Mapping[str, Any]],
+) -> tuple[list[dict[str, Any]], dict[str, str], list[str]]:
+    """BFCL function docs -> (OpenAI tools, BFCL name -> OpenAI name, paths of the defaults
+    dropped as invalid; see the module doc)."""
     to_openai = openai_names([f["name"] for f in functions])
     tools: list[dict[str, Any]] = []
     dropped: list[str] = []
@@ -218,19 +238,7 @@ def _to_case(row: dict[str, Any], ground_truth: list[Any], category: str) -> Bfc
                 },
             }
         )
-    turns = row.get("question") or [[]]
-    return BfclCase(
-        id=row["id"],
-        category=category,
-        messages=[dict(message) for message in turns[0]],
-        tools=tools,
-        ground_truth=[
-            {to_openai.get(name, name): params for name, params in entry.items()}
-            for entry in ground_truth
-        ],
-        bfcl_names={openai: bfcl for bfcl, openai in to_openai.items()},
-        dropped_defaults=dropped,
-    )
+    return tools, to_openai, dropped
 
 
 def openai_names(bfcl_names: Sequence[str]) -> dict[str, str]:
