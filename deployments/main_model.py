@@ -15,12 +15,12 @@ from ray import serve
 from app import telemetry
 from app.config import load_config
 from app.engine.baselines import baseline_service
-from app.engine.history import ANONYMOUS_TENANT, TENANT_KEY
 from app.engine.main_model import MainModelService
 from app.engine.rejections import engine_rejection
 from app.engine.turn import TurnError, TurnEvent, TurnResult
 from app.openai_models import ChatCompletionRequest
 from app.speculation.prediction import Prediction
+from app.tenancy import ANONYMOUS_TENANT, TENANT_KEY
 from deployments.metrics import ServeMetrics
 
 
@@ -64,7 +64,7 @@ class MainModel:
         tenant = str(payload.pop(TENANT_KEY, ANONYMOUS_TENANT))
         request = ChatCompletionRequest.model_validate(payload)
         try:
-            prepared = await self.service.prepare_shared(request, raw_prompt, tenant=tenant)
+            prepared = self.service.prepare(request, raw_prompt, tenant=tenant)
             await self.service.check_grammar(prepared)
         except TurnError as err:
             yield err

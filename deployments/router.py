@@ -49,11 +49,11 @@ from app.api.responses import ResponseBuilder, ResponsesRequest, stream_events
 from app.api.sidecar_gate import SidecarGate
 from app.api.work import WorkPlan
 from app.config import load_config
-from app.engine.history import TENANT_KEY
 from app.engine.tool_formats import get_format
 from app.engine.turn import TurnError, TurnEvent
 from app.openai_models import ChatCompletionRequest
 from app.speculation.prediction import Prediction
+from app.tenancy import TENANT_KEY
 from app.tools.registry import DEFAULT_TIMEOUT_S, ToolResult, ToolSpec
 from deployments.metrics import ServeMetrics
 
@@ -118,13 +118,14 @@ class PoolTools:
         return self._listing
 
     async def execute(
-        self, name: str, arguments: dict[str, Any], speculative: bool
+        self, name: str, arguments: dict[str, Any], speculative: bool, tenant: str
     ) -> ToolResult:
         spec = (await self.specs()).get(name)
         limit = (spec.timeout_s if spec is not None else DEFAULT_TIMEOUT_S) + TOOL_CALL_GRACE_S
         # The caller's span (the turn, or its `agent.tools`) is the tool run's parent.
         response: Any = self.handle.execute.remote(
-            name, arguments, speculative=speculative, trace_context=telemetry.inject()
+            name, arguments, speculative=speculative, trace_context=telemetry.inject(),
+            tenant=tenant,
         )
         try:
             async with asyncio.timeout(limit):
@@ -280,16 +281,11 @@ class Router:
         sidecar: DeploymentHandle | None,
         tool_worker: DeploymentHandle | None = None,
         main_ngram: DeploymentHandle | None = None,
-        main_suffix: DeploymentHandle | None = None,
     ) -> None:
         self.config = load_config(config)
         self.main = main.options(stream=True)
         # Comparison engines by the name requests give in `ooo_spec.baseline`.
-        self.baselines = {
-            name: handle.options(stream=True)
-            for name, handle in (("ngram", main_ngram), ("suffix", main_suffix))
-            if handle is not None
-        }
+        self.baselines = {"ngram": main_ngram.options(stream=True)} if main_ngram else {}
         self.sidecar = sidecar
         self.sidecar_gate = SidecarGate(self.config.speculation.load_aware.sidecar_max_pending)
         self._arrivals: set[asyncio.Future[None]] = set()  # strong refs: the loop keeps weak ones

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from app.api.errors import ApiError
 from app.config import AuthConfig
-from app.engine.history import ANONYMOUS_TENANT
+from app.tenancy import ANONYMOUS_TENANT
 
 ANONYMOUS = "anonymous"
 
