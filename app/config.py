@@ -155,12 +155,6 @@ class HistoryConfig(_Strict):
 
     enabled: bool = True
     max_entries: int = Field(256, ge=1, description="Calls kept per main replica (memory only).")
-    max_entries_per_tenant: int = Field(
-        64, ge=1,
-        description="Of those, what one tenant may hold (its oldest go first); when the total "
-        "is full, the tenant holding the most loses its oldest, so no tenant can flush "
-        "another's entries.",
-    )
     min_similarity: float = Field(
         0.6, ge=0, le=1,
         description="Jaccard similarity of the last user message's words to a past one.",
@@ -168,6 +162,69 @@ class HistoryConfig(_Strict):
     private_tools: list[str] = Field(
         default_factory=list,
         description="Tools whose calls are never kept (their arguments may be personal data).",
+    )
+
+
+class SuffixConfig(_Strict):
+    """The `suffix` draft source: each tenant's own earlier outputs and the request's own
+    tokens, matched on their longest common suffix with the output (app/engine/suffix_index.py).
+    Memory: about 100 bytes per token per `max_depth`, per tenant."""
+
+    enabled: bool = Field(
+        True, description="Draft from the tenant's earlier outputs and the request's own "
+        "tokens (per request: `ooo_spec.suffix`).",
+    )
+    max_depth: int = Field(
+        16, ge=1, le=64,
+        description="Longest context (tokens) a match may use; each output token is indexed "
+        "this many times.",
+    )
+    min_match: int = Field(
+        2, ge=1, description="Shortest context (tokens) a suffix draft may continue."
+    )
+    max_tokens_per_tenant: int = Field(
+        8192, ge=16,
+        description="Output tokens kept per tenant and main replica (memory only); the "
+        "oldest outputs are evicted first.",
+    )
+    max_tenants: int = Field(
+        64, ge=1,
+        description="Tenants with an index per main replica; the least recently served "
+        "tenant's index is dropped first.",
+    )
+
+    @model_validator(mode="after")
+    def _match_fits_depth(self) -> SuffixConfig:
+        if self.min_match > self.max_depth:
+            raise ValueError("speculation.suffix.min_match must be <= max_depth")
+        return self
+
+
+class SidecarValueConfig(_Strict):
+    """Skip the sidecar where it does not pay (app/api/sidecar_value.py): per tenant and tool
+    set, its recent gain over the other draft sources against what a call costs."""
+
+    enabled: bool = Field(
+        True, description="Decide per tenant and tool set from the sidecar's measured gain; "
+        "false: call it for every request that wants it.",
+    )
+    min_gain_tokens: float = Field(
+        2.0, ge=0,
+        description="Accepted draft tokens beyond the other sources' that one sidecar call "
+        "must bring, on average, to be worth it (each saves at most one main forward pass; "
+        "a call costs the sidecar's compute and, on a CPU, cores the main model decodes on).",
+    )
+    window: int = Field(4, ge=1, description="Recent sidecar calls the mean is taken over.")
+    min_samples: int = Field(
+        2, ge=1, description="Calls measured before the sidecar may be skipped."
+    )
+    probe_every: int = Field(
+        8, ge=1,
+        description="While skipped, every this-many-th request calls the sidecar again to "
+        "measure it anew.",
+    )
+    max_keys: int = Field(
+        1024, ge=1, description="(tenant, tool set) records per router replica (LRU)."
     )
 
 
@@ -195,6 +252,7 @@ class SpeculationConfig(_Strict):
     )
     history: HistoryConfig = Field(default_factory=lambda: HistoryConfig())
     suffix: SuffixConfig = Field(default_factory=lambda: SuffixConfig())
+    sidecar_value: SidecarValueConfig = Field(default_factory=lambda: SidecarValueConfig())
     load_aware: LoadAwareConfig = Field(default_factory=lambda: LoadAwareConfig())
 
 

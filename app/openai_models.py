@@ -303,6 +303,22 @@ class PredictionReport(BaseModel):
     error: str | None = None
 
 
+SidecarReason = Literal[
+    "always", "measuring", "pays", "does_not_pay", "probe", "pre_execution", "diagnostics"
+]
+
+
+class SidecarDecision(BaseModel):
+    """Whether a turn called the sidecar and why (app/api/sidecar_value.py)."""
+
+    call: bool
+    reason: SidecarReason
+    # The sidecar's mean gain (accepted tokens beyond the other sources') over its recent
+    # calls for this tenant and tool set, and how many calls that is; None: none measured.
+    gain_tokens: float | None = None
+    samples: int = 0
+
+
 class OooSpecReport(BaseModel):
     enabled: bool
     outcome: Outcome
@@ -312,3 +328,5 @@ class OooSpecReport(BaseModel):
     tool_results: list[ToolResultReport] = Field(default_factory=list)
     predictions: list[PredictionReport] = Field(default_factory=list)
     timings_ms: TimingsReport = Field(default_factory=TimingsReport)
+    # One per turn that could have called the sidecar (none when the request did not want it).
+    sidecar_decisions: list[SidecarDecision] = Field(default_factory=list)

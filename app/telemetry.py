@@ -54,6 +54,8 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from app.speculation.draft_sources import DRAFT_SOURCES
+
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
 
@@ -498,9 +500,36 @@ PRE_EXECUTIONS = MetricSpec(
     "(mispredicted, or not finished when the answer was due).",
     ("result",),
 )
+SOURCE_DRAFTED = MetricSpec(
+    "ooo_spec_source_drafted_tokens", "counter",
+    "Draft tokens the main model verified, by the source that drafted them: sidecar, history, "
+    "schema, suffix or lookup (app/speculation/draft_sources.py).",
+    ("source",),
+)
+SOURCE_ACCEPTED = MetricSpec(
+    "ooo_spec_source_accepted_tokens", "counter",
+    "Draft tokens the main model accepted, by the source that drafted them.",
+    ("source",),
+)
+SOURCE_GAIN = MetricSpec(
+    "ooo_spec_source_gain_tokens", "counter",
+    "Accepted draft tokens beyond what the best other source's draft at the same steps would "
+    "have had accepted, by source; a request where another source would have done better "
+    "adds nothing (its `ooo_spec.main.sources` shows the negative gain). The sidecar's "
+    "decides whether it is called (app/api/sidecar_value.py).",
+    ("source",),
+)
+SIDECAR_DECISIONS = MetricSpec(
+    "ooo_spec_sidecar_decisions", "counter",
+    "Turns that wanted the sidecar, by whether they called it and why (app/api/"
+    "sidecar_value.py): always, measuring, pays, does_not_pay, probe, pre_execution, "
+    "diagnostics.",
+    ("call", "reason"),
+)
 METRICS: tuple[MetricSpec, ...] = (
     REQUESTS, HIT_RATE, DRAFTED_TOKENS, ACCEPTED_TOKENS, MAIN_STEPS, SIDECAR_LATENCY,
-    TOOL_LATENCY, TOOL_SAVED, PRE_EXECUTIONS,
+    TOOL_LATENCY, TOOL_SAVED, PRE_EXECUTIONS, SOURCE_DRAFTED, SOURCE_ACCEPTED, SOURCE_GAIN,
+    SIDECAR_DECISIONS,
 )
 
 
@@ -565,6 +594,16 @@ def request_measurements(
             out.append(Measurement(TOOL_SAVED, result.saved_ms, {"tool": result.name}))
     out.append(Measurement(PRE_EXECUTIONS, pre_used, {"result": "used"}))
     out.append(Measurement(PRE_EXECUTIONS, max(0, pre_executed - pre_used), {"result": "wasted"}))
+    for source in DRAFT_SOURCES:
+        tally = report.main.sources.of(source)
+        if tally.drafted_tokens:
+            tags = {"source": source}
+            out.append(Measurement(SOURCE_DRAFTED, tally.drafted_tokens, tags))
+            out.append(Measurement(SOURCE_ACCEPTED, tally.accepted_tokens, tags))
+            out.append(Measurement(SOURCE_GAIN, tally.gain_tokens, tags))
+    for decision in report.sidecar_decisions:
+        out.append(Measurement(SIDECAR_DECISIONS, 1,
+                               {"call": _flag(decision.call), "reason": decision.reason}))
     return out
 
 

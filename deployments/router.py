@@ -299,6 +299,7 @@ class Router:
             baselines=list(self.baselines),
             metrics=ServeMetrics(),
             telemetry_config=self.config.telemetry,
+            sidecar_value=self.config.speculation.sidecar_value,
         )
         self.text = CompletionService(self.config.main.engine.served_model_name)
         telemetry.setup_tracing("router")

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.engine.turn import TurnResult
-from app.openai_models import MainReport, PredictionReport, ToolResultReport
+from app.openai_models import MainReport, PredictionReport, SidecarDecision, ToolResultReport
 from app.speculation.reconcile import Outcome
 
 
@@ -64,6 +64,7 @@ class LoopState:
 
     finals: list[TurnResult] = field(default_factory=list)
     predictions: list[PredictionReport] = field(default_factory=list)  # `await_prediction`
+    sidecar_decisions: list[SidecarDecision] = field(default_factory=list)
     outcomes: list[Outcome] = field(default_factory=list)
     tool_results: list[ToolResultReport] = field(default_factory=list)
     tools_ms: float = 0.0

@@ -26,6 +26,7 @@ from app import telemetry
 from app.api.agent_loop import LoopState, SidecarStart, combine_outcomes, sum_main
 from app.api.errors import ApiError, api_error
 from app.api.pre_execution import Clock, PreExecution, ToolAccess, ToolPolicy, ToolRun, run_tool
+from app.api.sidecar_value import SidecarValue, value_key
 from app.api.streaming import (  # noqa: F401 - moved there; importers of this module keep them
     _choice_chunks,
     _merged,
@@ -34,20 +35,21 @@ from app.api.streaming import (  # noqa: F401 - moved there; importers of this m
     sse,
     stream_sse,
 )
-from app.config import TelemetryConfig
+from app.config import SidecarValueConfig, TelemetryConfig
+from app.engine.history import ANONYMOUS_TENANT, TENANT_KEY
 from app.engine.tool_format import new_call_id
 from app.engine.turn import TurnDelta, TurnError, TurnEvent, TurnResult
 from app.openai_models import (
     ChatCompletionRequest,
     OooSpecReport,
     PredictionReport,
+    SidecarDecision,
     TimingsReport,
 )
 from app.speculation.canonical import Invocation
 from app.speculation.prediction import Prediction
 from app.speculation.reconcile import Outcome, classify_outcome
 from app.telemetry import HitRateWindow, MetricsSink, NullMetrics
-from app.tenancy import ANONYMOUS_TENANT, TENANT_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +68,8 @@ class _Turn:
     pre: PreExecution | None
     # The sidecar's prediction as the router saw it (`await_prediction` only).
     prediction: PredictionReport | None = None
+    # Whether the turn called the sidecar and why; None: the request did not want it.
+    decision: SidecarDecision | None = None
 
     @property
     def invocations(self) -> list[Invocation]:
@@ -103,8 +107,11 @@ class ChatService:
         baselines: Collection[str] = (),
         metrics: MetricsSink | None = None,
         telemetry_config: TelemetryConfig | None = None,
+        sidecar_value: SidecarValueConfig | None = None,
     ) -> None:
         settings = telemetry_config or TelemetryConfig()
+        # Skips the sidecar where it has not paid lately (app/api/sidecar_value.py).
+        self.sidecar_value = SidecarValue(sidecar_value or SidecarValueConfig())
         self.metrics: MetricsSink = metrics or NullMetrics()
         self.record_content = settings.record_content
         self.hit_rate = HitRateWindow(settings.hit_rate_window)
@@ -136,6 +143,23 @@ class ChatService:
             and request.ooo_spec.baseline is None
             and request.effective_tool_choice != "none"
         )
+
+    def sidecar_decision(self, request: ChatCompletionRequest, tenant: str) -> SidecarDecision:
+        """Whether a turn that wants the sidecar calls it (app/api/sidecar_value.py)."""
+        if request.ooo_spec.diagnostics.await_prediction:
+            return SidecarDecision(call=True, reason="diagnostics")
+        if (self.tools is not None and request.ooo_spec.pre_execute
+                and request.server_tool_names):
+            return SidecarDecision(call=True, reason="pre_execution")
+        return self.sidecar_value.decide(value_key(tenant, request.tool_schemas()))
+
+    def _observe_sidecar(self, request: ChatCompletionRequest, tenant: str,
+                         final: TurnResult) -> None:
+        """The called sidecar's gain on this turn; nothing when it never answered (an error
+        says nothing of what its predictions are worth)."""
+        if final.sidecar.status in ("received", "late"):
+            self.sidecar_value.observe(value_key(tenant, request.tool_schemas()),
+                                       final.main.sources.sidecar.gain_tokens)
 
     async def events(
         self,
@@ -207,7 +231,9 @@ class ChatService:
                 state.finals.append(turn.final)
                 if turn.prediction is not None:
                     state.predictions.append(turn.prediction)
-                state.outcomes.append(self.outcome(turn_request, turn.final))
+                if turn.decision is not None:
+                    state.sidecar_decisions.append(turn.decision)
+                state.outcomes.append(self.outcome(turn_request, turn.final, turn.decision))
                 telemetry.set_attributes(turn_span, telemetry.turn_attributes(
                     len(state.finals) - 1, turn_request.effective_tool_choice,
                     state.outcomes[-1], (c.name for c in turn.invocations)))
@@ -215,7 +241,7 @@ class ChatService:
                     # No `yield` in here: reconcile and tool spans are children of the turn.
                     with telemetry.within(turn_span):
                         if await self._executes(request, turn, state):
-                            messages = await self._run_round(turn, state, tenant)
+                            messages = await self._run_round(turn, state)
                         else:
                             await self._report_ready(turn, state)
                 finally:
@@ -252,7 +278,10 @@ class ChatService:
         carrier = telemetry.inject(telemetry.context_of(span))
         if carrier:
             payload[telemetry.CARRIER_KEY] = carrier
-        sidecar = await start_sidecar(payload) if self.wants_sidecar(request) else None
+        decision = (self.sidecar_decision(request, tenant) if self.wants_sidecar(request)
+                    else None)
+        sidecar = (await start_sidecar(payload) if decision is not None and decision.call
+                   else None)
         pre: PreExecution | None = None
         if (
             sidecar is not None
@@ -263,8 +292,7 @@ class ChatService:
             # Only the tools the request declared the server's: a client's own tool that shares
             # a server tool's name is never run here.
             schemas = request.tool_schemas(request.server_tool_names)
-            pre = PreExecution(self.tools, self.policy, schemas, request.named_tool, self.clock,
-                               tenant)
+            pre = PreExecution(self.tools, self.policy, schemas, request.named_tool, self.clock)
             with telemetry.within(span):
                 pre.watch(sidecar.prediction)
         observed: asyncio.Future[PredictionReport] | None = None
@@ -303,8 +331,10 @@ class ChatService:
             if pre is not None:
                 pre.cancel()
             raise ApiError(503, "the main model ended the request without a result")
+        if sidecar is not None:
+            self._observe_sidecar(request, tenant, final)
         call_ids = [new_call_id() for _ in final.calls]
-        yield "turn", {"turn": _Turn(final, call_ids, commit, pre, prediction)}
+        yield "turn", {"turn": _Turn(final, call_ids, commit, pre, prediction, decision)}
 
     async def _executes(
         self, request: ChatCompletionRequest, turn: _Turn, state: LoopState
@@ -322,9 +352,7 @@ class ChatService:
                            code="tools_unavailable") from None
         return all(c.name in offered and c.name in known for c in turn.invocations)
 
-    async def _run_round(
-        self, turn: _Turn, state: LoopState, tenant: str
-    ) -> list[dict[str, Any]]:
+    async def _run_round(self, turn: _Turn, state: LoopState) -> list[dict[str, Any]]:
         """Execute the committed calls (pre-executed hits first, the rest concurrently), report
         them, and return the assistant + tool messages for the next turn."""
         assert self.tools is not None
@@ -335,7 +363,7 @@ class ChatService:
             self._reconciled(span, turn, state, hits)
         with telemetry.span("agent.tools") as span:
             fresh = [
-                run_tool(tools, call, False, self.clock, tenant)
+                run_tool(tools, call, False, self.clock)
                 for call, hit in zip(turn.invocations, hits, strict=True) if hit is None
             ]
             telemetry.set_attributes(span, {"ooo_spec.tools.fresh": len(fresh),
@@ -446,11 +474,13 @@ class ChatService:
             "ooo_spec": report.model_dump(),
         }
 
-    def outcome(self, request: ChatCompletionRequest, final: TurnResult) -> Outcome:
+    def outcome(self, request: ChatCompletionRequest, final: TurnResult,
+                decision: SidecarDecision | None = None) -> Outcome:
         schemas = request.tool_schemas()
         return classify_outcome(
             speculated=self.wants_sidecar(request),
-            sidecar_status=final.sidecar.status,
+            sidecar_status=("skipped" if decision is not None and not decision.call
+                            else final.sidecar.status),
             sidecar_no_call=final.sidecar.no_call,
             candidates=[(Invocation(name=c.name, arguments=c.arguments), c.valid)
                         for c in final.candidates],
@@ -480,6 +510,7 @@ class ChatService:
                 tools=state.tools_ms,
                 first_commit=(first_commit - started) * 1000,
             ),
+            sidecar_decisions=state.sidecar_decisions,
         )
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from app.engine.alignment import prompt_lookup
+from app.engine.alignment import best_position, prompt_lookup
 from app.engine.candidate_store import CandidateStore, RequestSpeculation
 from app.engine.draft_choice import PendingDraft, Proposal, choose
 from app.engine.draft_policy import DraftPolicy
@@ -143,8 +143,17 @@ class CandidateProposer:
             anchor = tracked.locate(piece, candidates, entry.realign)
             if anchor is not None:
                 text = candidates[anchor[0]]
-                proposals.append(Proposal(entry.source_of(text),
-                                          self._candidate_draft(text, anchor[1], budget)))
+                source = entry.source_of(text)
+                proposals.append(Proposal(source, self._candidate_draft(text, anchor[1], budget)))
+                if source == "sidecar":
+                    # What the other candidates (history, schemas) would draft here: the
+                    # sidecar's gain is measured against them too, not only the token matchers.
+                    rest = [c for c in candidates if entry.source_of(c) != "sidecar"]
+                    other = best_position(tracked.text, rest, entry.realign)
+                    if other is not None:
+                        text = rest[other[0]]
+                        proposals.append(Proposal(entry.source_of(text), self._candidate_draft(
+                            text, other[1], budget)))
         else:
             tracked.anchor = None
         if entry.suffix is not None:

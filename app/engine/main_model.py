@@ -29,6 +29,7 @@ from app.engine.json_grammar import GrammarError, bounded_whitespace_grammar
 from app.engine.logprobs import TokenLogprobs, chat_logprobs, completion_logprobs
 from app.engine.protocol import DraftStore, Engine
 from app.engine.reasoning import Reasoning
+from app.engine.suffix_index import SuffixIndex, TenantSuffixes
 from app.engine.tool_format import (
     ParsedCall,
     ParsedOutput,
@@ -151,8 +152,9 @@ class CandidateFeed:
         self.pending.extend(SourcedText(t, source) for t in texts)
 
     def add_prediction(self, rendered: list[str]) -> None:
-        self.pending[:0] = rendered
-        self.offer(rendered)
+        items = [SourcedText(t, "sidecar") for t in rendered]
+        self.pending[:0] = items
+        self.offer(items)
 
     def reasoning_ended(self, prefix: str) -> None:
         self.prefix = prefix
@@ -223,9 +225,8 @@ class MainModelService:
         mismatch = chat_prompt.format_mismatch(self.engine.tokenizer, self.format)
         if mismatch:
             logger.warning("tool format: %s", mismatch)
-        # Rendering and tokenising prompts (and a forced call's grammar text): bounded work,
-        # shared by a request's choices; 2 threads per tenant leave 2 to the others.
-        self.prepare_pool = CheckPool(4, 2, "prepare")
+        # Rendering and tokenising prompts: bounded work, shared by a request's choices.
+        self.prepare_pool = CheckPool(2, 2, "prepare")
 
     async def prepare_shared(
         self,
@@ -507,17 +508,20 @@ class MainModelService:
             thinking=prepared.reasoning is not None and prepared.reasoning.thinking,
             status="none" if candidates is None else "pending",
             auto=auto,
+            suffix=(self.suffixes.of(prepared.tenant)
+                    if self.suffixes is not None and prepared.speculate
+                    and self.uses_suffix(prepared) else None),
         )
         history_reports: list[CandidateReport] = []
         if prepared.speculate and self.uses_history(prepared):
             history_reports, rendered = await asyncio.to_thread(
                 self.history_candidates, prepared, started)
-            feed.pending.extend(rendered)
+            feed.add(rendered, "history")
         if prepared.speculate and self.config.speculation.schema_drafts:
             if auto is not None:
                 auto.schema = self.schema_candidates(prepared)
             else:
-                feed.pending.extend(self.schema_candidates(prepared))
+                feed.add(self.schema_candidates(prepared), "schema")
         receiver = (asyncio.ensure_future(self.receive(feed, prepared, candidates, started,
                                                        trace_parent))
                     if candidates is not None else None)
@@ -602,12 +606,16 @@ class MainModelService:
         intake: CandidateIntake,
         history_reports: list[CandidateReport],
         started: float,
+        logprobs: Any = None,
     ) -> TurnResult:
         """The turn's output parsed into calls and content, recorded in the history, with
         its report; `logprobs`: the output's, shaped (`shaped_logprobs`)."""
         result = tally.result()
         drafted = result.speculation.drafted_tokens if result.speculation else 0
-        logprobs: Any = None,
+        sources = (result.speculation.sources.model_copy(deep=True) if result.speculation
+                   else SourceTallies())
+        if self.suffixes is not None and self.uses_suffix(prepared):
+            self.suffixes.of(prepared.tenant).add(result.token_ids)
         reasoning, answer = (
             prepared.reasoning.split(result.text) if prepared.reasoning is not None
             else (None, result.text)
@@ -636,6 +644,7 @@ class MainModelService:
                 accepted_tokens=result.accepted_tokens,
                 ttft_ms=result.ttft_ms,
                 decode_ms=result.decode_ms,
+                sources=sources,
             ),
             candidates=history_reports + intake.reports,
             sidecar=SidecarDelivery(

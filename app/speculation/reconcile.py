@@ -7,7 +7,8 @@ from typing import Any, Literal
 
 from app.speculation.canonical import Invocation, multiset_match
 
-Outcome = Literal["hit", "partial", "miss", "no_call", "disabled", "sidecar_error", "sidecar_late"]
+Outcome = Literal["hit", "partial", "miss", "no_call", "disabled", "sidecar_error", "sidecar_late",
+                  "sidecar_skipped"]
 
 
 def classify_outcome(
@@ -24,6 +25,8 @@ def classify_outcome(
     1 == 1.0); parallel calls match as a multiset (`multiset_match`)."""
     if not speculated:
         return "disabled"
+    if sidecar_status == "skipped":  # not worth calling lately (app/api/sidecar_value.py)
+        return "sidecar_skipped"
     if sidecar_status == "error":
         return "sidecar_error"
     if sidecar_status in ("late", "pending"):
