@@ -155,6 +155,12 @@ class HistoryConfig(_Strict):
 
     enabled: bool = True
     max_entries: int = Field(256, ge=1, description="Calls kept per main replica (memory only).")
+    max_entries_per_tenant: int = Field(
+        64, ge=1,
+        description="Of those, what one tenant may hold (its oldest go first); when the total "
+        "is full, the tenant holding the most loses its oldest, so no tenant can flush "
+        "another's entries.",
+    )
     min_similarity: float = Field(
         0.6, ge=0, le=1,
         description="Jaccard similarity of the last user message's words to a past one.",

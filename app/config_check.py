@@ -592,9 +592,21 @@ def sidecar_adapter_errors(config: AppConfig, user_config: Any) -> list[str]:
     return errors
 
 
+# Model families that think before they answer, by a piece of their name, and the parser
+# vLLM reads their thoughts with.
+THINKING_MODELS = {"qwen3": "qwen3", "deepseek-r1": "deepseek_r1"}
+
+
 def check_tool_format(dep: DeploymentReport, cfg: EngineConfig) -> None:
     """How the main model's prompt is built with tools, and whether its chat template agrees
-    with `main.engine.tool_format` (only for a model whose tokenizer is on this machine)."""
+    with `main.engine.tool_format` (only for a model whose tokenizer is on this machine); a
+    thinking model without `reasoning_parser` is warned about (its thoughts would be content)."""
+    for piece, parser in THINKING_MODELS.items():
+        if piece in cfg.model.lower() and cfg.reasoning_parser is None:
+            dep.warnings.append(
+                f"{cfg.model} thinks before it answers: set `main.engine.reasoning_parser: "
+                f"{parser}`, or its thoughts come back as content and are drafted over"
+            )
     from app.engine import chat_prompt
     from app.engine.embedded_model import EMBEDDED_MODEL_ALIAS, embedded_model_dir, is_prepared
     from app.engine.tool_formats import get_format

@@ -17,6 +17,8 @@ from ray import serve
 from app import telemetry
 from app.config import load_config
 from app.faults import TOOL_WORKER_FAULTS, FaultPlan
+from app.tenancy import ANONYMOUS_TENANT
+from app.tools.call_context import ToolCallContext
 from app.tools.mcp_source import McpToolSource
 from app.tools.policy import may_pre_execute
 from app.tools.registry import ToolRegistry, ToolResult
@@ -57,10 +59,12 @@ class ToolWorker(FaultHandles):
         arguments: dict[str, Any],
         speculative: bool = False,
         trace_context: dict[str, str] | None = None,
+        tenant: str = ANONYMOUS_TENANT,
     ) -> dict[str, Any]:
-        """`trace_context`: the caller's W3C carrier; this run is a `tool.execute` span in it."""
+        """`trace_context`: the caller's W3C carrier; this run is a `tool.execute` span in it.
+        `tenant`: the caller's, the tool runs in its context (app/tools/call_context.py)."""
         with telemetry.span("tool.execute", telemetry.extract(trace_context)) as span:
-            result = await self._execute(name, arguments, speculative)
+            result = await self._execute(name, arguments, speculative, ToolCallContext(tenant))
             telemetry.set_attributes(span, telemetry.tool_attributes(
                 name, speculative, result, arguments, self.record_content))
         telemetry.record_all(self.metrics, telemetry.tool_measurements(
@@ -68,7 +72,7 @@ class ToolWorker(FaultHandles):
         return result
 
     async def _execute(
-        self, name: str, arguments: dict[str, Any], speculative: bool
+        self, name: str, arguments: dict[str, Any], speculative: bool, call: ToolCallContext
     ) -> dict[str, Any]:
         self.received[f"{name}:{'speculative' if speculative else 'committed'}"] += 1
         fault = self.faults.hit()
@@ -86,7 +90,7 @@ class ToolWorker(FaultHandles):
                 latency_ms=0.0,
             )
             return refused.model_dump()
-        result = await self.registry.execute(name, arguments)
+        result = await self.registry.execute(name, arguments, call)
         return result.model_dump()
 
     def received_calls(self) -> dict[str, int]:

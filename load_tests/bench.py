@@ -3,17 +3,21 @@ the same cases, several decoding modes, one server.
 
 A *mode* is a name plus the request extras that select it: `plain` (`ooo_spec.enabled: false`,
 the baseline), `ngram` (vLLM's own prompt-lookup speculation on the server's second main engine,
-`ooo_spec.baseline: "ngram"`), `ooo` (sidecar candidates, no pre-execution) and `ooo+tools`
+`ooo_spec.baseline: "ngram"`), `suffix` (vLLM's own suffix decoding on a further main engine,
+`ooo_spec.baseline: "suffix"`; needs arctic-inference), `ooo` (sidecar candidates, no
+pre-execution) and `ooo+tools`
 (the same plus speculative pre-execution of server-known tools; only on the `agent` set, since
 BFCL's tools are unknown to the server). Modes live in `MODES`; add one with `register_mode`.
 
-Datasets: BFCL categories (`bfcl:simple_python,multiple,...`) and the multi-turn agent scenario
-set (`agent`, load_tests/agent_scenarios.py). The `auto` dataset asks the same questions with
-`tool_choice: auto`, as agent frameworks do (`bfcl-auto:<category>`, `agent-auto`; `auto` is
-`bfcl-auto:simple_python,multiple` and `agent-auto`): the model may answer in text or call, and
-its cases are reported apart (`main passes / call` counts passes per committed call). Agent
-requests run the server-side agent loop (`execute_tools: true`) in every mode, so every mode
-pays for the same tool executions and only `ooo+tools` may start them early.
+Datasets: BFCL categories (`bfcl:simple_python,multiple,...`), the multi-turn agent scenario set
+(`agent`, load_tests/agent_scenarios.py), and BFCL's multi-turn conversations replayed call by
+call (`bfcl-multi:multi_turn_base`, load_tests/bfcl_multi.py; `--limit` counts conversations),
+reported per call, by position in the conversation and per conversation. The `auto` dataset asks
+the same questions with `tool_choice: auto`, as agent frameworks do (`bfcl-auto:<category>`,
+`agent-auto`; `auto` is `bfcl-auto:simple_python,multiple` and `agent-auto`): the model may
+answer in text or call, and its cases are reported apart (`main passes / call` counts passes per
+committed call). Agent requests run the server-side agent loop (`execute_tools: true`) in every
+mode, so every mode pays for the same tool executions and only `ooo+tools` may start them early.
 
 Requests are interleaved case by case: for each case every mode runs once, and the order of
 the modes rotates from one case to the next, so no mode always goes first (cold caches, a
@@ -52,11 +56,14 @@ from typing import Any
 from app.speculation.canonical import Invocation, canonical_invocation
 from load_tests.agent_scenarios import AgentCase
 from load_tests.bfcl import CORE_CATEGORIES, SUPPORTED_CATEGORIES, BfclCase, load_bfcl, score_calls
+from load_tests.bfcl_multi import MULTI_CATEGORIES, MultiTurnStep, load_bfcl_multi, score_step
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 BASELINE = "plain"
 # The second baseline every ratio is also given against, when the run has it.
 PEER = "ngram"
+SUFFIX = "suffix"  # vLLM's suffix decoding: the other peer ratios are given against
+PEERS = (PEER, SUFFIX)
 AGENT_SOURCE = "agent"
 SIDECAR = "sidecar"
 SIDECAR_VERIFY = "sidecar+verify"
@@ -64,6 +71,7 @@ SIDECAR_BASE = "sidecar:base"  # the sidecar without its LoRA adapter (sidecar.l
 DRAFTS = "drafts"
 BFCL_AUTO = "bfcl-auto"
 AGENT_AUTO = "agent-auto"
+BFCL_MULTI = "bfcl-multi"
 AGENT_SOURCES = frozenset({AGENT_SOURCE, AGENT_AUTO})
 PARALLEL_CATEGORIES = frozenset(c for c in SUPPORTED_CATEGORIES if "parallel" in c)
 
@@ -92,7 +100,7 @@ class AutoCase:
         return self.inner.tools
 
 
-Case = BfclCase | AgentCase | AutoCase
+Case = BfclCase | AgentCase | AutoCase | MultiTurnStep
 
 
 # ---------------------------------------------------------------- modes
@@ -132,6 +140,9 @@ def register_mode(
 register_mode(BASELINE, {"ooo_spec": {"enabled": False}}, "plain decoding (the baseline)")
 register_mode(PEER, {"ooo_spec": {"enabled": False, "baseline": "ngram"}},
               "vLLM's own n-gram (prompt lookup) speculation on the second main engine")
+# vLLM's suffix decoding at its defaults, what a team serving an agent would run instead.
+register_mode(SUFFIX, {"ooo_spec": {"enabled": False, "baseline": SUFFIX}},
+              "vLLM's own suffix decoding (arctic-inference) on a further main engine")
 register_mode("ooo", {"ooo_spec": {"enabled": True, "pre_execute": False}},
               "out-of-order semantic speculation, no tool pre-execution")
 # What the sidecar adds: the same drafting from the tool schemas and prompt lookup, no sidecar.
@@ -202,7 +213,7 @@ class DatasetSpec:
         return f"{self.source}:{self.category}"
 
 
-DATASET_SOURCES = ("bfcl", AGENT_SOURCE, BFCL_AUTO, AGENT_AUTO)
+DATASET_SOURCES = ("bfcl", AGENT_SOURCE, BFCL_AUTO, AGENT_AUTO, BFCL_MULTI)
 # Shorthands for several categories at once.
 BFCL_GROUPS: dict[str, tuple[str, ...]] = {"core": CORE_CATEGORIES}
 # `auto`: the questions of the `auto` dataset.
@@ -214,8 +225,9 @@ def parse_dataset_spec(spec: str) -> list[DatasetSpec]:
 
     An item without `source:` takes the source of the item before it; `bfcl:core` means the
     four core categories; `agent` is the whole agent scenario set; `bfcl-auto:<category>` and
-    `agent-auto` the same with `tool_choice: auto`, and `auto` both (`AUTO_SET`). Duplicates
-    are dropped, order kept.
+    `agent-auto` the same with `tool_choice: auto`, and `auto` both (`AUTO_SET`);
+    `bfcl-multi:<category>` BFCL's multi-turn conversations. Duplicates are dropped, order
+    kept.
     """
     out: list[DatasetSpec] = []
     source: str | None = None
@@ -245,6 +257,13 @@ def parse_dataset_spec(spec: str) -> list[DatasetSpec]:
         if source in AGENT_SOURCES:
             raise ValueError(f"the agent set has no category {category!r}; write just "
                              f"'{source}'")
+        if source == BFCL_MULTI:
+            if category not in MULTI_CATEGORIES:
+                raise ValueError(f"BFCL multi-turn category {category!r} is not supported; "
+                                 f"use one of {', '.join(MULTI_CATEGORIES)}")
+            if DatasetSpec(source, category) not in out:
+                out.append(DatasetSpec(source, category))
+            continue
         categories = BFCL_GROUPS.get(category, (category,))
         for name in categories:
             if name not in SUPPORTED_CATEGORIES:
@@ -264,14 +283,20 @@ def load_cases(
     specs: Iterable[DatasetSpec],
     limit: int | None,
     server_tools: Callable[[], Sequence[Mapping[str, Any]]] | None = None,
+    conversations: int | None = None,
 ) -> list[Case]:
     """Cases of every spec, in order. The agent set takes its tool definitions from the
-    server (`server_tools()`: the `data` of `GET /v1/tools`), so it needs that callable."""
+    server (`server_tools()`: the `data` of `GET /v1/tools`), so it needs that callable.
+    `conversations` bounds the bfcl-multi sets (default: `limit`)."""
     from load_tests.agent_scenarios import load_agent_cases
 
     cases: list[Case] = []
     for spec in specs:
         loaded: list[BfclCase] | list[AgentCase]
+        if spec.source == BFCL_MULTI:
+            cases += load_bfcl_multi(spec.category,
+                                     conversations if conversations is not None else limit)
+            continue
         if spec.source in AGENT_SOURCES:
             if server_tools is None:
                 raise ValueError("the agent set needs the server's tool listing")
@@ -286,6 +311,8 @@ def load_cases(
 
 
 def case_source(case: Case) -> str:
+    if isinstance(case, MultiTurnStep):
+        return BFCL_MULTI
     if isinstance(case, AutoCase):
         return AGENT_AUTO if isinstance(case.inner, AgentCase) else BFCL_AUTO
     return AGENT_SOURCE if isinstance(case, AgentCase) else "bfcl"
@@ -325,8 +352,11 @@ def build_request(case: Case, mode: Mode, settings: RequestSettings) -> dict[str
         options.update(execute_tools=True, max_steps=case.max_steps, server_tools=True)
     else:
         # Every mode asks the same question: a call remembered from another mode's run would
-        # answer it (history candidates are for agents that repeat themselves).
-        kwargs["extra_body"].setdefault("ooo_spec", {})["history"] = False
+        # answer it (history candidates are for agents that repeat themselves). The same holds
+        # for the tenant's earlier outputs (the `suffix` source): one tenant sends every mode.
+        # vLLM's `suffix` engine keeps its tree of earlier outputs: it sees only its own.
+        options = kwargs["extra_body"].setdefault("ooo_spec", {})
+        options.update(history=False, suffix=False)
         if case.category in PARALLEL_CATEGORIES:
             kwargs["parallel_tool_calls"] = True
     return kwargs
@@ -344,6 +374,9 @@ class Record:
     error: str | None = None
     e2e_ms: float = 0.0
     source: str = "bfcl"
+    # bfcl-multi: the conversation and the call's position in it (0 = its first call).
+    conversation: str | None = None
+    call_index: int | None = None
     first_commit_ms: float | None = None  # time to the committed tool call (server clock)
     tools_ms: float | None = None  # tool wait after the commits (agent loop)
     baseline: str | None = None  # the comparison engine that decoded, if any
@@ -354,6 +387,9 @@ class Record:
     completion_tokens: int | None = None
     drafted_tokens: int | None = None
     accepted_tokens: int | None = None
+    # Per draft source (`ooo_spec.main.sources`): {source: {drafted_tokens, accepted_tokens,
+    # gain_tokens}}; empty where the server does not report them.
+    sources: dict[str, dict[str, int]] = field(default_factory=dict)
     ttft_ms: float | None = None
     decode_ms: float | None = None
     sidecar_ms: float | None = None
@@ -427,6 +463,9 @@ def record_from_response(
         completion_tokens=completion_tokens,
         drafted_tokens=main.get("drafted_tokens"),
         accepted_tokens=main.get("accepted_tokens"),
+        sources={name: {k: int(v) for k, v in tally.items() if isinstance(v, int | float)}
+                 for name, tally in (main.get("sources") or {}).items()
+                 if isinstance(tally, dict)},
         ttft_ms=main.get("ttft_ms"),
         decode_ms=main.get("decode_ms"),
         sidecar_ms=timings.get("sidecar"),
@@ -439,8 +478,11 @@ def record_from_response(
         content=message.content,
         tool_calls=calls,
         # The agent set has no ground truth: its point is the same answer in every mode.
-        correct=score_output(calls, inner) if isinstance(inner, BfclCase) else None,
+        correct=(score_output(calls, inner) if isinstance(inner, BfclCase)
+                 else score_step(calls, inner) if isinstance(inner, MultiTurnStep) else None),
         source=case_source(case),
+        conversation=inner.conversation if isinstance(inner, MultiTurnStep) else None,
+        call_index=inner.index if isinstance(inner, MultiTurnStep) else None,
         first_commit_ms=timings.get("first_commit"),
         tools_ms=timings.get("tools"),
         baseline=report.get("baseline"),
@@ -616,7 +658,9 @@ def run_bench(
         except Exception as exc:  # noqa: BLE001 - every failure becomes a record
             record = Record(case.id, case.category, mode.name, position, is_warmup,
                             error=describe_error(exc), e2e_ms=(clock() - t0) * 1000,
-                            source=case_source(case))
+                            source=case_source(case),
+                            conversation=getattr(case, "conversation", None),
+                            call_index=getattr(case, "index", None))
             consecutive_errors += 1
             status = getattr(exc, "status_code", None)
             if is_warmup and isinstance(status, int) and 400 <= status < 500:
@@ -729,7 +773,20 @@ def mode_summary(records: Sequence[Record]) -> dict[str, Any]:
         "agreement_cases": len([r for r in ok if r.agrees_whole is not None]),
         "accuracy": share(r.correct for r in ok),
         "identical_to_plain": share(r.identical_to_plain for r in ok),
+        "sources": source_totals(ok),
     }
+
+
+def source_totals(records: Sequence[Record]) -> dict[str, dict[str, int]]:
+    """Drafted, accepted and gained tokens per draft source, summed over the records (empty
+    when none reported them)."""
+    totals: dict[str, dict[str, int]] = {}
+    for r in records:
+        for name, tally in r.sources.items():
+            into = totals.setdefault(name, {})
+            for key, value in tally.items():
+                into[key] = into.get(key, 0) + value
+    return totals
 
 
 def _paired(
@@ -803,12 +860,12 @@ def realign_effect(records: Sequence[Record], with_: str = "ooo",
 def summarize(
     records: Sequence[Record], modes: Sequence[str], baseline: str = BASELINE
 ) -> dict[str, Any]:
-    """Per-mode statistics, and every mode's ratios against `baseline` and against the
-    n-gram peer (`vs_plain`, `vs_ngram`) when those modes ran."""
+    """Per-mode statistics, and every mode's ratios against `baseline` and against vLLM's own
+    methods (`vs_plain`, `vs_ngram`, `vs_suffix`) when those modes ran."""
     by_mode = {m: [r for r in records if r.mode == m] for m in modes}
     summary: dict[str, Any] = {"modes": {m: mode_summary(rs) for m, rs in by_mode.items()}}
     summary["realign"] = realign_effect([r for rs in by_mode.values() for r in rs])
-    for reference in dict.fromkeys([baseline, PEER]):
+    for reference in dict.fromkeys([baseline, *PEERS]):
         if reference in by_mode:
             summary["vs_" + reference] = {
                 m: versus_baseline(by_mode[reference], rs)
@@ -822,16 +879,73 @@ def summarize_by_source(
     records: Sequence[Record], modes: Sequence[Mode], baseline: str = BASELINE
 ) -> dict[str, dict[str, Any]]:
     """`summarize` per dataset source (BFCL and the agent set are different workloads), over
-    the modes that run on it."""
+    the modes that run on it; multi-turn conversations also by position and per conversation
+    (`multi_turn`)."""
     sources = list(dict.fromkeys(r.source for r in records))
+    out: dict[str, dict[str, Any]] = {}
+    for source in sources:
+        mine = [r for r in records if r.source == source]
+        names = [m.name for m in modes if m.applies_to(source)]
+        out[source] = summarize(mine, names, baseline)
+        if source == BFCL_MULTI:
+            out[source]["multi_turn"] = multi_turn_summary(mine, names, baseline)
+    return out
+
+
+def multi_turn_summary(
+    records: Sequence[Record], modes: Sequence[str], baseline: str = BASELINE
+) -> dict[str, Any]:
+    """Replayed conversations: `summarize` of the first calls and of the later calls apart (a
+    first call meets a fresh schema; later ones repeat tools and copy earlier results), and
+    per-conversation totals."""
     return {
-        source: summarize(
-            [r for r in records if r.source == source],
-            [m.name for m in modes if m.applies_to(source)],
-            baseline,
-        )
-        for source in sources
+        "first_calls": summarize([r for r in records if r.call_index == 0], modes, baseline),
+        "later_calls": summarize([r for r in records if (r.call_index or 0) > 0], modes,
+                                 baseline),
+        "conversations": conversation_totals(records, modes, baseline),
     }
+
+
+def conversation_totals(
+    records: Sequence[Record], modes: Sequence[str], baseline: str = BASELINE
+) -> dict[str, Any]:
+    """Per mode, over the conversations it answered completely (every measured call ok, the
+    same calls as the baseline's): main passes and end-to-end time summed per conversation
+    (medians), the per-conversation ratios baseline / mode (median), and the share of
+    conversations whose every call was identical to the baseline's."""
+    measured = [r for r in records if not r.warmup and r.conversation is not None]
+
+    def complete(mode: str) -> dict[str, list[Record]]:
+        by_conv: dict[str, list[Record]] = {}
+        for r in measured:
+            if r.mode == mode:
+                by_conv.setdefault(r.conversation or "", []).append(r)
+        return {c: rs for c, rs in by_conv.items() if all(r.ok for r in rs)}
+
+    base = complete(baseline) if baseline in modes else {}
+    out: dict[str, Any] = {}
+    for mode in modes:
+        convs = complete(mode)
+        paired = {c: rs for c, rs in convs.items()
+                  if c in base and {r.case_id for r in rs} == {r.case_id for r in base[c]}}
+        passes = {c: float(sum(r.steps or 0 for r in rs)) for c, rs in convs.items()}
+        e2e = {c: sum(r.e2e_ms for r in rs) for c, rs in convs.items()}
+        base_passes = {c: float(sum(r.steps or 0 for r in base[c])) for c in paired}
+        base_e2e = {c: sum(r.e2e_ms for r in base[c]) for c in paired}
+        out[mode] = {
+            "conversations": len(convs),
+            "calls": sum(len(rs) for rs in convs.values()),
+            "passes_median": median(passes.values()),
+            "e2e_ms_median": median(e2e.values()),
+            "passes_ratio_paired_median": paired_ratio_median(
+                [(base_passes[c], passes[c]) for c in paired]),
+            "e2e_ratio_paired_median": paired_ratio_median(
+                [(base_e2e[c], e2e[c]) for c in paired]),
+            "identical_conversations": share(
+                all(r.identical_to_plain for r in rs) for rs in paired.values()),
+            "paired_conversations": len(paired),
+        }
+    return out
 
 
 def records_as_dicts(records: Sequence[Record]) -> list[dict[str, Any]]:
@@ -874,6 +988,18 @@ def served_model(base_url: str, timeout_s: float = 10.0) -> str:
         ) from None
 
 
+def suffix_refusal(modes: Sequence[Mode], starts_server: bool) -> str | None:
+    """Why the `suffix` mode cannot run, when the bench starts the server here and vLLM's
+    suffix decoding cannot start (arctic-inference missing); None when it can. A server the
+    bench only talks to answers for itself (a 400 `baseline_not_deployed`, which stops the
+    run in warm-up)."""
+    from app.engine.vllm_suffix import SUFFIX_MISSING, suffix_available
+
+    if not starts_server or SUFFIX not in {m.name for m in modes} or suffix_available():
+        return None
+    return f"mode {SUFFIX} refused: {SUFFIX_MISSING}; or leave {SUFFIX} out of --modes"
+
+
 def run_command(args: Any, say: Callable[[str], None]) -> int:
     """The run behind `main`: see `build_parser` for the flags."""
     from datetime import datetime
@@ -888,12 +1014,14 @@ def run_command(args: Any, say: Callable[[str], None]) -> int:
         raise BenchError(str(exc)) from None
     if args.limit is not None and args.limit < 1:
         raise BenchError("--limit must be at least 1")
+    if args.conversations is not None and args.conversations < 1:
+        raise BenchError("--conversations must be at least 1")
     if args.warmup < 0:
         raise BenchError("--warmup must not be negative")
     # BFCL now (a bad category fails before any server starts); the agent set needs the
     # server's tool listing, so it loads once the server answers.
     cases: list[Case] = load_cases([s for s in specs if s.source not in AGENT_SOURCES],
-                                   args.limit)
+                                   args.limit, conversations=args.conversations)
     wants_agent = any(s.source in AGENT_SOURCES for s in specs)
     if not cases and not wants_agent:
         raise BenchError(f"dataset {args.dataset} has no cases")
@@ -902,6 +1030,9 @@ def run_command(args: Any, say: Callable[[str], None]) -> int:
     if unused:
         raise BenchError(f"mode(s) {', '.join(unused)} run on none of these datasets "
                          f"(e.g. ooo+tools needs server-known tools: add the 'agent' set)")
+    refusal = suffix_refusal(modes, bool(args.start))
+    if refusal:
+        raise BenchError(refusal)
     say(f"ooo-spec bench: datasets {', '.join(map(str, specs))}; "
         f"modes {', '.join(m.name for m in modes)}; warm-up {args.warmup} per mode and source")
 
@@ -953,7 +1084,9 @@ def run_command(args: Any, say: Callable[[str], None]) -> int:
     for source, summary in summaries.items():
         if len(summaries) > 1:
             print(f"\n=== {source} ===\n")
-        print(report.format_summary(summary, BASELINE, PEER))
+        print(report.format_summary(summary, BASELINE, PEERS))
+        if "multi_turn" in summary:
+            print(report.format_multi_turn(summary["multi_turn"], BASELINE, PEERS))
 
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir = Path(args.out)
@@ -963,6 +1096,7 @@ def run_command(args: Any, say: Callable[[str], None]) -> int:
             "dataset": args.dataset,
             "categories": [str(s) for s in specs],
             "limit": args.limit,
+            "conversations": args.conversations,
             "modes": {m.name: dict(m.extra_body) for m in modes},
             "warmup": args.warmup,
             "base_url": base_url,
@@ -1013,14 +1147,21 @@ def build_parser() -> argparse.ArgumentParser:
                         help="comma-separated datasets, e.g. bfcl:simple_python,multiple,parallel,"
                         "parallel_multiple or bfcl:core, and `agent` (the multi-turn scenario set "
                         "on the server's demo and bench tools); `bfcl-auto:<category>`, "
-                        "`agent-auto`, or `auto` (both) ask them with tool_choice auto "
+                        "`agent-auto`, or `auto` (both) ask them with tool_choice auto; "
+                        "`bfcl-multi:multi_turn_base` replays BFCL's multi-turn conversations "
+                        "call by call (needs an 8,192-token context, configs/bench.yaml) "
                         "(default: bfcl:simple_python)")
     parser.add_argument("--limit", type=int, default=None,
-                        help="first N cases of each category (default: all)")
+                        help="first N cases of each category, or N conversations of a "
+                        "bfcl-multi category (default: all)")
+    parser.add_argument("--conversations", type=int, default=None,
+                        help="first N conversations of each bfcl-multi category (default: "
+                        "--limit)")
     parser.add_argument("--modes", default="plain,ooo",
                         help="comma-separated modes among plain, ngram (needs the server's n-gram "
-                        "engine, e.g. configs/bench.yaml), ooo, ooo+tools (agent set only) "
-                        "(default: plain,ooo); `plain` is the baseline")
+                        "engine, e.g. configs/bench.yaml), suffix (vLLM's suffix decoding; needs "
+                        "its engine and arctic-inference), drafts, ooo, ooo+tools (agent set "
+                        "only) (default: plain,ooo); `plain` is the baseline")
     parser.add_argument("--warmup", type=int, default=2,
                         help="warm-up requests per mode, left out of the statistics (default: 2)")
     parser.add_argument("--base-url", default=None,

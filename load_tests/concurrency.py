@@ -32,9 +32,12 @@ from typing import Any
 import httpx
 
 from load_tests.bfcl import BfclCase, load_bfcl
+from load_tests.bfcl_multi import MultiTurnStep, load_bfcl_multi
 from load_tests.load_requests import request_body
 
 MODES = ("plain", "ooo")
+Case = BfclCase | MultiTurnStep
+BFCL_MULTI = "bfcl-multi"  # `--categories bfcl-multi:<category>`: load_tests/bfcl_multi.py
 
 
 @dataclass
@@ -111,7 +114,7 @@ def block_order(levels: Sequence[int]) -> list[tuple[int, str]]:
     return order
 
 
-async def _client(client: httpx.AsyncClient, url: str, cases: Sequence[BfclCase], offset: int,
+async def _client(client: httpx.AsyncClient, url: str, cases: Sequence[Case], offset: int,
                   block: Block, until: float, t0: float, max_tokens: int,
                   timeout_s: float, history: bool, once: bool = False) -> None:
     index = offset
@@ -121,7 +124,8 @@ async def _client(client: httpx.AsyncClient, url: str, cases: Sequence[BfclCase]
         body = request_body(case, block.mode, max_tokens)
         # History off by default: both modes ask the same questions, and the main replica
         # remembers every committed call (plain ones too), so ooo would be drafted the answer.
-        body["ooo_spec"]["history"] = history
+        # Past calls and past outputs (the history and suffix sources) alike.
+        body["ooo_spec"]["history"] = body["ooo_spec"]["suffix"] = history
         started = time.monotonic()
         error: str | None = None
         tokens, steps, drafted, accepted, outcome = 0, None, 0, 0, None
@@ -147,7 +151,7 @@ async def _client(client: httpx.AsyncClient, url: str, cases: Sequence[BfclCase]
             return
 
 
-async def run_block(url: str, cases: Sequence[BfclCase], users: int, mode: str,
+async def run_block(url: str, cases: Sequence[Case], users: int, mode: str,
                     duration_s: float, t0: float, max_tokens: int, timeout_s: float,
                     history: bool = False) -> Block:
     block = Block(mode, users, duration_s)
@@ -198,7 +202,7 @@ async def sample_replicas(dashboard: str, t0: float, out: list[dict[str, Any]],
                 pass
 
 
-async def warm_up(url: str, cases: Sequence[BfclCase], requests: int, max_tokens: int,
+async def warm_up(url: str, cases: Sequence[Case], requests: int, max_tokens: int,
                   timeout_s: float, history: bool) -> None:
     """`requests` sequential requests per mode, not counted: a fresh server's first requests
     pay one-time costs (grammar compilation, caches) that would land on the first block."""
@@ -209,14 +213,14 @@ async def warm_up(url: str, cases: Sequence[BfclCase], requests: int, max_tokens
                                history)
 
 
-async def _client_once(url: str, case: BfclCase, block: Block, max_tokens: int,
+async def _client_once(url: str, case: Case, block: Block, max_tokens: int,
                        timeout_s: float, history: bool) -> None:
     async with httpx.AsyncClient() as client:
         await _client(client, url, [case], 0, block, time.monotonic() + 1e-9, time.monotonic(),
                       max_tokens, timeout_s, history, once=True)
 
 
-async def run(url: str, levels: Sequence[int], duration_s: float, cases: Sequence[BfclCase],
+async def run(url: str, levels: Sequence[int], duration_s: float, cases: Sequence[Case],
               max_tokens: int, timeout_s: float, dashboard: str | None,
               say: Any = print, history: bool = False, warmup: int = 0) -> dict[str, Any]:
     if warmup:
@@ -346,6 +350,20 @@ def _plot_levels(axes: Sequence[Any], summaries: Sequence[dict[str, Any]]) -> No
     axes[0].legend(fontsize=7)
 
 
+def load_categories(spec: str, limit: int) -> list[Case]:
+    """BFCL categories, comma-separated (first `limit` cases each); a `bfcl-multi:<category>`
+    item replays BFCL's multi-turn conversations call by call (first `limit` conversations;
+    they need the model's full context, configs/bench.yaml)."""
+    cases: list[Case] = []
+    for item in (c.strip() for c in spec.split(",") if c.strip()):
+        source, _, category = item.rpartition(":")
+        if source == BFCL_MULTI:
+            cases += load_bfcl_multi(category, limit)
+        else:
+            cases += load_bfcl(item, limit)
+    return cases
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", default="http://127.0.0.1:8000")
@@ -367,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", type=Path, default=None)
     args = parser.parse_args(argv)
     levels = [int(u) for u in args.users.split(",") if u.strip()]
-    cases = [c for cat in args.categories.split(",") for c in load_bfcl(cat.strip(), args.limit)]
+    cases = load_categories(args.categories, args.limit)
     result = asyncio.run(run(args.url, levels, args.duration, cases, args.max_tokens,
                              args.timeout, args.dashboard, history=args.history,
                              warmup=args.warmup))

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from load_tests.bfcl import BfclCase
+from load_tests.bfcl_multi import MultiTurnStep
 
 PARALLEL = frozenset({"parallel", "parallel_multiple"})
 REQUEST_TIMEOUT_S = 300.0  # the router's own deadline; slowness under load is not an error
@@ -27,7 +28,7 @@ def settings() -> dict[str, Any]:
     }
 
 
-def request_body(case: BfclCase, mode: str, max_tokens: int) -> dict[str, Any]:
+def request_body(case: BfclCase | MultiTurnStep, mode: str, max_tokens: int) -> dict[str, Any]:
     if mode not in ("ooo", "plain"):
         raise ValueError(f"OOO_SPEC_LOAD_MODES: unknown mode {mode!r} (ooo or plain)")
     body: dict[str, Any] = {

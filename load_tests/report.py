@@ -101,10 +101,12 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def format_summary(
-    summary: Mapping[str, Any], baseline: str = "plain", peer: str | None = "ngram"
+    summary: Mapping[str, Any], baseline: str = "plain",
+    peer: str | Sequence[str] | None = ("ngram", "suffix"),
 ) -> str:
-    """The per-mode table, then the ratios against the baseline and against the peer when it
+    """The per-mode table, then the ratios against the baseline and against each peer that
     ran (reference / mode: >1 = the mode is faster), then candidate-ready vs plain decode."""
+    peers = [peer] if isinstance(peer, str) else list(peer or ())
     modes = list(summary["modes"])
     per_mode = summary["modes"]
     parts = [
@@ -115,7 +117,7 @@ def format_summary(
     ]
     versus = summary.get(f"vs_{baseline}") or {}
     others = list(versus)
-    for reference in dict.fromkeys([baseline, peer]):
+    for reference in dict.fromkeys([baseline, *peers]):
         against = summary.get(f"vs_{reference}") or {}
         if against:
             parts.append(
@@ -174,6 +176,9 @@ def format_summary(
             f"{_num(2)(realign['accepted_per_pass_realign'])} with, "
             f"{_num(2)(realign['accepted_per_pass_no_realign'])} without"
         )
+    sources = format_sources(per_mode)
+    if sources:
+        parts.append(sources)
     errors = {m: s["error_messages"] for m, s in per_mode.items() if s.get("error_messages")}
     if errors:
         parts.append(
@@ -235,3 +240,57 @@ def plot_latencies(
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+CONVERSATION_ROWS: tuple[tuple[str, str, Formatter], ...] = (
+    ("conversations answered completely", "conversations", _num()),
+    ("calls in them", "calls", _num()),
+    ("main passes / conversation (median)", "passes_median", _num(1)),
+    ("e2e ms / conversation (median)", "e2e_ms_median", _num()),
+    ("passes ratio vs plain (per-conv. median)", "passes_ratio_paired_median", _times),
+    ("e2e ratio vs plain (per-conv. median)", "e2e_ratio_paired_median", _times),
+    ("conversations identical to plain", "identical_conversations", _pct),
+)
+
+
+def format_multi_turn(
+    multi: Mapping[str, Any], baseline: str = "plain",
+    peer: str | Sequence[str] | None = ("ngram", "suffix"),
+) -> str:
+    """The replayed conversations (bench `multi_turn_summary`): first calls and later calls
+    apart, then the per-conversation totals."""
+    parts = [
+        "--- first call of each conversation ---",
+        format_summary(multi["first_calls"], baseline, peer),
+        "--- later calls (after the conversation's earlier calls and their results) ---",
+        format_summary(multi["later_calls"], baseline, peer),
+    ]
+    totals = multi["conversations"]
+    modes = list(totals)
+    parts.append(_table(
+        ["per conversation", *modes],
+        [[label] + [fmt(totals[m].get(key)) for m in modes]
+         for label, key, fmt in CONVERSATION_ROWS],
+    ))
+    return "\n\n".join(parts)
+
+
+def format_sources(per_mode: Mapping[str, Any]) -> str | None:
+    """Drafted / accepted tokens per draft source and mode (`ooo_spec.main.sources`), with
+    accepted per drafted; None when no mode reported sources."""
+    modes = [m for m, s in per_mode.items() if s.get("sources")]
+    if not modes:
+        return None
+    names = list(dict.fromkeys(n for m in modes for n in per_mode[m]["sources"]))
+
+    def cell(tally: Mapping[str, int] | None) -> str:
+        if not tally:
+            return "-"
+        drafted, accepted = tally.get("drafted_tokens", 0), tally.get("accepted_tokens", 0)
+        rate = f" ({100 * accepted / drafted:.0f}%)" if drafted else ""
+        return f"{drafted:,} / {accepted:,}{rate}"
+
+    return _table(
+        ["drafted / accepted tokens by source", *modes],
+        [[name] + [cell(per_mode[m]["sources"].get(name)) for m in modes] for name in names],
+    )

@@ -36,7 +36,6 @@ from app.api.streaming import (  # noqa: F401 - moved there; importers of this m
     stream_sse,
 )
 from app.config import SidecarValueConfig, TelemetryConfig
-from app.engine.history import ANONYMOUS_TENANT, TENANT_KEY
 from app.engine.tool_format import new_call_id
 from app.engine.turn import TurnDelta, TurnError, TurnEvent, TurnResult
 from app.openai_models import (
@@ -50,6 +49,7 @@ from app.speculation.canonical import Invocation
 from app.speculation.prediction import Prediction
 from app.speculation.reconcile import Outcome, classify_outcome
 from app.telemetry import HitRateWindow, MetricsSink, NullMetrics
+from app.tenancy import ANONYMOUS_TENANT, TENANT_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -241,7 +241,7 @@ class ChatService:
                     # No `yield` in here: reconcile and tool spans are children of the turn.
                     with telemetry.within(turn_span):
                         if await self._executes(request, turn, state):
-                            messages = await self._run_round(turn, state)
+                            messages = await self._run_round(turn, state, tenant)
                         else:
                             await self._report_ready(turn, state)
                 finally:
@@ -292,7 +292,8 @@ class ChatService:
             # Only the tools the request declared the server's: a client's own tool that shares
             # a server tool's name is never run here.
             schemas = request.tool_schemas(request.server_tool_names)
-            pre = PreExecution(self.tools, self.policy, schemas, request.named_tool, self.clock)
+            pre = PreExecution(self.tools, self.policy, schemas, request.named_tool, self.clock,
+                               tenant)
             with telemetry.within(span):
                 pre.watch(sidecar.prediction)
         observed: asyncio.Future[PredictionReport] | None = None
@@ -352,7 +353,9 @@ class ChatService:
                            code="tools_unavailable") from None
         return all(c.name in offered and c.name in known for c in turn.invocations)
 
-    async def _run_round(self, turn: _Turn, state: LoopState) -> list[dict[str, Any]]:
+    async def _run_round(
+        self, turn: _Turn, state: LoopState, tenant: str
+    ) -> list[dict[str, Any]]:
         """Execute the committed calls (pre-executed hits first, the rest concurrently), report
         them, and return the assistant + tool messages for the next turn."""
         assert self.tools is not None
@@ -363,7 +366,7 @@ class ChatService:
             self._reconciled(span, turn, state, hits)
         with telemetry.span("agent.tools") as span:
             fresh = [
-                run_tool(tools, call, False, self.clock)
+                run_tool(tools, call, False, self.clock, tenant)
                 for call, hit in zip(turn.invocations, hits, strict=True) if hit is None
             ]
             telemetry.set_attributes(span, {"ooo_spec.tools.fresh": len(fresh),

@@ -31,6 +31,7 @@ from app.openai_models import ToolResultReport
 from app.speculation.canonical import Invocation
 from app.speculation.prediction import Prediction
 from app.speculation.validation import validate_arguments
+from app.tenancy import ANONYMOUS_TENANT
 from app.tools.policy import PreExecutionLedger
 from app.tools.registry import ToolResult, ToolSpec
 
@@ -46,9 +47,12 @@ class ToolAccess(Protocol):
         """Server-registered tools by name (cached by the implementation)."""
         ...
 
-    async def execute(self, name: str, arguments: dict[str, Any], speculative: bool) -> ToolResult:
-        """Run one call; never raises for tool failures. Cancelling the awaiting task must
-        cancel the remote work where the pool can."""
+    async def execute(
+        self, name: str, arguments: dict[str, Any], speculative: bool, tenant: str
+    ) -> ToolResult:
+        """Run one call for `tenant` (the tool runs in its context: app/tools/call_context.py);
+        never raises for tool failures. Cancelling the awaiting task must cancel the remote work
+        where the pool can."""
         ...
 
 
@@ -84,13 +88,15 @@ class ToolRun:
 
 
 async def run_tool(
-    tools: ToolAccess, invocation: Invocation, speculative: bool, clock: Clock
+    tools: ToolAccess, invocation: Invocation, speculative: bool, clock: Clock,
+    tenant: str = ANONYMOUS_TENANT,
 ) -> ToolRun:
-    """Execute one call through the pool and time it; a pool failure becomes an error result
-    (the model reads it like any other tool error), cancellation propagates."""
+    """Execute one call for `tenant` through the pool and time it; a pool failure becomes an
+    error result (the model reads it like any other tool error), cancellation propagates."""
     run = ToolRun(invocation, clock(), speculative)
     try:
-        result = await tools.execute(invocation.name, dict(invocation.arguments), speculative)
+        result = await tools.execute(invocation.name, dict(invocation.arguments), speculative,
+                                     tenant)
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # noqa: BLE001 - the pool is down or the call was lost
@@ -150,8 +156,10 @@ class PreExecution:
         request_schemas: Mapping[str, Mapping[str, Any]],
         named_tool: str | None = None,
         clock: Clock = time.perf_counter,
+        tenant: str = ANONYMOUS_TENANT,
     ) -> None:
         self._tools = tools
+        self._tenant = tenant
         self._policy = policy
         self._schemas = dict(request_schemas)
         self._named_tool = named_tool
@@ -193,7 +201,7 @@ class PreExecution:
                 self._runs[key] = asyncio.ensure_future(self._run(key, invocation))
 
     async def _run(self, key: str, invocation: Invocation) -> ToolRun:
-        run = await run_tool(self._tools, invocation, True, self._clock)
+        run = await run_tool(self._tools, invocation, True, self._clock, self._tenant)
         assert self._ledger is not None and run.result is not None
         self._ledger.record(invocation, run.result)
         self._done[key] = run

@@ -36,6 +36,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+from app.home import model_home
+
 logger = logging.getLogger(__name__)
 
 Progress = Callable[[str], None]
@@ -63,16 +65,6 @@ _PIP_PROGRESS = re.compile(r"^Progress (\d+) of (\d+)\s*$")
 
 class ModelPrepareError(RuntimeError):
     """Preparing or locating the embedded model failed; the message says how to fix it."""
-
-
-def model_home() -> Path:
-    """Root of ooo-spec's cache: `$OOO_SPEC_HOME`, else `$XDG_CACHE_HOME/ooo-spec`."""
-    explicit = os.environ.get("OOO_SPEC_HOME")
-    if explicit:
-        return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "ooo-spec"
 
 
 def embedded_model_dir() -> Path:

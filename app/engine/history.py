@@ -11,7 +11,10 @@ Arguments can be personal data: calls of tools listed as private are never recor
 history lives in the replica's memory only, and every entry belongs to one tenant (the API key
 the router authenticated, `ANONYMOUS_TENANT` when keys are off): a request is only ever offered
 its own tenant's past calls, so no caller's arguments reach another caller's drafts, response
-or accepted-token counts.
+or accepted-token counts. Capacity is per tenant too: each keeps at most its own share of
+entries, and when the replica's total is full the entry that goes is the oldest of the tenant
+holding the most (the recording tenant's own on a tie), so no tenant can flush another's
+entries by sending many requests.
 """
 
 from __future__ import annotations
@@ -19,18 +22,14 @@ from __future__ import annotations
 import re
 import threading
 from collections import deque
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from app.speculation.prediction import PredictedCall
+from app.tenancy import ANONYMOUS_TENANT
 
 _WORD = re.compile(r"\w+")
-
-ANONYMOUS_TENANT = "anonymous"
-# The key of the router's payload to the main replica and the sidecar that carries the tenant
-# (set by the router after validation; a client's body cannot hold it: unknown keys are a 400).
-TENANT_KEY = "_tenant"
 
 
 def words(text: str) -> frozenset[str]:
@@ -62,13 +61,29 @@ class _Entry:
     calls: tuple[PredictedCall, ...]
 
 
+def tenant_to_evict(sizes: Mapping[str, int], recording: str) -> str:
+    """Whose oldest entry goes when the history is full: the tenant holding the most, the
+    recording tenant on a tie, so a tenant loses entries to another only while it holds more
+    than that one does."""
+    return max(sizes, key=lambda tenant: (sizes[tenant], tenant == recording))
+
+
 class InvocationHistory:
     def __init__(
-        self, max_entries: int, min_similarity: float, private_tools: Collection[str] = ()
+        self,
+        max_entries: int,
+        min_similarity: float,
+        private_tools: Collection[str] = (),
+        max_entries_per_tenant: int | None = None,
     ) -> None:
+        """`max_entries`: the replica's total; `max_entries_per_tenant` (default: the total):
+        what one tenant may hold of it."""
         self.min_similarity = min_similarity
         self.private_tools = frozenset(private_tools)
-        self._entries: deque[_Entry] = deque(maxlen=max_entries)
+        self.max_entries = max_entries
+        self.max_entries_per_tenant = min(max_entries_per_tenant or max_entries, max_entries)
+        self._entries: dict[str, deque[_Entry]] = {}  # per tenant, oldest first
+        self._total = 0
         self._lock = threading.Lock()
 
     def record(
@@ -80,8 +95,21 @@ class InvocationHistory:
             return False
         entry = _Entry(tenant, words(text), tuple(c.model_copy(deep=True) for c in calls))
         with self._lock:
-            self._entries.append(entry)
+            self._entries.setdefault(tenant, deque()).append(entry)
+            self._total += 1
+            if len(self._entries[tenant]) > self.max_entries_per_tenant:
+                self._drop_oldest(tenant)
+            elif self._total > self.max_entries:
+                sizes = {t: len(entries) for t, entries in self._entries.items()}
+                self._drop_oldest(tenant_to_evict(sizes, tenant))
         return True
+
+    def _drop_oldest(self, tenant: str) -> None:
+        entries = self._entries[tenant]
+        entries.popleft()
+        self._total -= 1
+        if not entries:
+            del self._entries[tenant]
 
     def candidates(
         self,
@@ -95,7 +123,7 @@ class InvocationHistory:
         query = words(text)
         allowed = set(callable_tools) - self.private_tools
         with self._lock:
-            entries = list(self._entries)
+            entries = list(self._entries.get(tenant, ()))
         scored: list[tuple[float, int, _Entry]] = []
         for age, entry in enumerate(reversed(entries)):
             if entry.tenant != tenant or not all(c.name in allowed for c in entry.calls):
@@ -115,4 +143,8 @@ class InvocationHistory:
 
     def __len__(self) -> int:
         with self._lock:
-            return len(self._entries)
+            return self._total
+
+    def held_by(self, tenant: str) -> int:
+        with self._lock:
+            return len(self._entries.get(tenant, ()))

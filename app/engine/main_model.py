@@ -225,8 +225,9 @@ class MainModelService:
         mismatch = chat_prompt.format_mismatch(self.engine.tokenizer, self.format)
         if mismatch:
             logger.warning("tool format: %s", mismatch)
-        # Rendering and tokenising prompts: bounded work, shared by a request's choices.
-        self.prepare_pool = CheckPool(2, 2, "prepare")
+        # Rendering and tokenising prompts (and a forced call's grammar text): bounded work,
+        # shared by a request's choices; 2 threads per tenant leave 2 to the others.
+        self.prepare_pool = CheckPool(4, 2, "prepare")
 
     async def prepare_shared(
         self,

@@ -1,13 +1,15 @@
 """Built-in demo tools: offline, deterministic (given the clock), safe to run on any server.
 
 All but `append_note` are idempotent and speculable, so the sidecar's prediction may start them
-before the main model commits; `append_note` writes to disk and only ever runs after the commit.
+before the main model commits; `append_note` writes to disk and only ever runs after the commit,
+to the calling tenant's own file (`app/tools/call_context.py`).
 """
 
 from __future__ import annotations
 
 import ast
 import functools
+import hashlib
 import json
 import math
 import os
@@ -23,7 +25,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import Field
 
-from app.engine.embedded_model import model_home
+from app.home import model_home
+from app.tools.call_context import current_call
 from app.tools.registry import tool
 
 # -- calculator ------------------------------------------------------------------------------
@@ -359,11 +362,14 @@ def search_docs(
 _notes_lock = threading.Lock()
 
 
-def notes_path() -> Path:
-    return model_home() / "notes.jsonl"
+def notes_path(tenant: str) -> Path:
+    """`tenant`'s own notes file: one per tenant, so no caller reads or fills another's. The
+    name is a digest of the tenant, so no tenant name can point outside the folder."""
+    digest = hashlib.sha256(tenant.encode("utf-8")).hexdigest()[:32]
+    return model_home() / "notes" / f"{digest}.jsonl"
 
 
-MAX_NOTES_BYTES = 1 << 20  # the notes file never grows past this
+MAX_NOTES_BYTES = 1 << 20  # a tenant's notes file never grows past this
 
 
 @tool(idempotent=False, speculate="never", timeout_s=5.0)
@@ -373,7 +379,7 @@ def append_note(
     """Save a note for later. Each call appends one more note."""
     at = clock().isoformat(timespec="seconds")
     line = json.dumps({"at": at, "text": text}, ensure_ascii=False) + "\n"
-    path = notes_path()
+    path = notes_path(current_call().tenant)
     path.parent.mkdir(parents=True, exist_ok=True)
     # One write() on an O_APPEND descriptor: lines from concurrent replicas never interleave.
     data = line.encode("utf-8")
@@ -382,7 +388,7 @@ def append_note(
         try:
             # A demo tool any caller can reach must not fill the disk.
             if os.fstat(fd).st_size + len(data) > MAX_NOTES_BYTES:
-                raise ValueError(f"the notes file is full ({MAX_NOTES_BYTES} bytes); no more "
+                raise ValueError(f"your notes file is full ({MAX_NOTES_BYTES} bytes); no more "
                                  "notes can be saved")
             os.write(fd, data)
         finally:

@@ -14,6 +14,7 @@ can read.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import importlib
 import inspect
@@ -37,6 +38,7 @@ from app.speculation.validation import (
     iter_subschemas,
     validate_arguments,
 )
+from app.tools.call_context import ToolCallContext, context_for
 
 Speculate = Literal["always", "never"]
 ToolSource = Literal["python", "mcp"]
@@ -293,8 +295,11 @@ class ToolRegistry:
 
     # -- execution ----------------------------------------------------------------------------
 
-    async def execute(self, name: str, arguments: Any) -> ToolResult:
-        """Validate and run one call; every failure is an error result, never an exception."""
+    async def execute(
+        self, name: str, arguments: Any, call: ToolCallContext | None = None
+    ) -> ToolResult:
+        """Validate and run one call, in `call`'s context (the anonymous tenant's by default);
+        every failure is an error result, never an exception."""
         started = time.perf_counter()
 
         def finish(output: ToolOutput) -> ToolResult:
@@ -318,7 +323,8 @@ class ToolRegistry:
             return finish(
                 ToolOutput(f"invalid arguments for {name!r}: " + "; ".join(problems), True)
             )
-        return finish(await _run_bounded(name, entry.run, arguments, entry.spec.timeout_s))
+        return finish(await _run_bounded(name, entry.run, arguments, entry.spec.timeout_s,
+                                         call or ToolCallContext()))
 
     def close(self) -> None:
         """Release the thread pool (running sync tools finish on their own)."""
@@ -334,17 +340,21 @@ class ToolRegistry:
                 return _encode(await python_tool.function(**kwargs))
             loop = asyncio.get_running_loop()
             call = functools.partial(_call_and_encode, python_tool.function, kwargs)
-            return await loop.run_in_executor(self._executor, call)
+            # The thread runs in this task's context: the tool sees its `ToolCallContext`.
+            in_context = functools.partial(contextvars.copy_context().run, call)
+            return await loop.run_in_executor(self._executor, in_context)
 
         return run
 
 
 async def _run_bounded(
-    name: str, run: ToolRunner, arguments: dict[str, Any], timeout_s: float
+    name: str, run: ToolRunner, arguments: dict[str, Any], timeout_s: float,
+    call: ToolCallContext,
 ) -> ToolOutput:
     # asyncio.wait rather than wait_for: wait_for waits for the cancelled task to finish, so a
     # tool that swallows CancelledError would hang the caller; here the timeout is a hard bound.
-    task = asyncio.ensure_future(_guarded(run, arguments))
+    task = asyncio.get_running_loop().create_task(_guarded(run, arguments),
+                                                  context=context_for(call))
     try:
         done, _ = await asyncio.wait({task}, timeout=timeout_s)
     except asyncio.CancelledError:

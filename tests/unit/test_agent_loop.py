@@ -17,6 +17,8 @@ from app.engine.turn import TurnDelta, TurnEvent, TurnResult
 from app.openai_models import ChatCompletionRequest, MainReport
 from app.speculation.canonical import Invocation
 from app.speculation.prediction import Prediction
+from app.tenancy import ANONYMOUS_TENANT
+from app.tools.call_context import ToolCallContext
 from app.tools.policy import may_pre_execute
 from app.tools.registry import ToolOutput, ToolRegistry, ToolResult, ToolSpec
 from tests.unit.turns import turn_result
@@ -35,6 +37,7 @@ class FakePool:
     def __init__(self, lookup_s: float = 0.05) -> None:
         self.lookup_s = lookup_s
         self.calls: list[tuple[str, dict[str, Any], bool]] = []
+        self.tenants: list[str] = []  # the tenant each call was run for
         self.cancelled: list[str] = []
         self.notes: list[str] = []
         self.registry = ToolRegistry()
@@ -60,12 +63,14 @@ class FakePool:
     async def specs(self) -> Mapping[str, ToolSpec]:
         return {spec.name: spec for spec in self.registry.specs()}
 
-    async def execute(self, name: str, arguments: dict[str, Any], speculative: bool) -> ToolResult:
+    async def execute(self, name: str, arguments: dict[str, Any], speculative: bool,
+                      tenant: str = ANONYMOUS_TENANT) -> ToolResult:
         self.calls.append((name, arguments, speculative))
+        self.tenants.append(tenant)
         if speculative and not may_pre_execute(self.registry.get(name), True, False):
             return ToolResult(name=name, content="refused", is_error=True, latency_ms=0)
         try:
-            return await self.registry.execute(name, arguments)
+            return await self.registry.execute(name, arguments, ToolCallContext(tenant))
         except asyncio.CancelledError:
             self.cancelled.append(name)
             raise
@@ -210,6 +215,23 @@ async def test_miss_is_cancelled_and_the_committed_call_runs_after_the_commit() 
     assert pool.calls == [("lookup", {"key": "a"}, True), ("lookup", {"key": "b"}, False)]
     await asyncio.sleep(0)
     assert pool.cancelled == ["lookup"]
+
+
+async def test_every_tool_run_is_for_the_callers_tenant() -> None:
+    """Pre-executed and committed calls alike carry the caller's tenant to the pool, which runs
+    the tool in that tenant's context (per-tenant tool state: app/tools/call_context.py)."""
+    pool = FakePool(lookup_s=0.5)
+    script = Script(
+        [final([lookup("b")]), final([], content="ok")],
+        predictions=[[lookup("a")]],
+        decode_s=0.05,
+    )
+    events = ChatService("m", True, pool).events(
+        request(execute_tools=True), script.start_sidecar, script.main_events, tenant="key-a")
+    async for _ in events:
+        pass
+    assert [c[2] for c in pool.calls] == [True, False]  # one speculative, one committed
+    assert pool.tenants == ["key-a", "key-a"]
 
 
 async def test_non_idempotent_tool_is_never_pre_executed() -> None:
@@ -397,7 +419,7 @@ async def test_a_lost_tool_call_says_what_happened_without_internals(
 
     class Failing:
         async def execute(self, name: str, arguments: dict[str, Any],
-                          speculative: bool) -> ToolResult:
+                          speculative: bool, tenant: str) -> ToolResult:
             raise error
 
     run = await run_tool(Failing(), Invocation(name="lookup", arguments={}), False,  # type: ignore[arg-type]

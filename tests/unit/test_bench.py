@@ -151,8 +151,10 @@ def test_build_request() -> None:
     assert kwargs["tool_choice"] == "required"
     assert kwargs["temperature"] == 0
     assert kwargs["max_tokens"] == 256
-    # BFCL asks the same question in every mode: no history candidates from the other runs.
-    assert kwargs["extra_body"] == {"ooo_spec": {"enabled": False, "history": False}}
+    # BFCL asks the same question in every mode: no history candidates or earlier outputs
+    # (the suffix source) from the other runs.
+    assert kwargs["extra_body"] == {"ooo_spec": {"enabled": False, "history": False,
+                                                 "suffix": False}}
     assert "parallel_tool_calls" not in kwargs
     kwargs["extra_body"]["ooo_spec"]["enabled"] = True  # a copy: the registry is untouched
     assert MODES["plain"].extra_body == {"ooo_spec": {"enabled": False}}
@@ -457,7 +459,7 @@ def test_agent_requests_run_the_loop_in_every_mode() -> None:
         assert "execute_tools" not in MODES[name].extra_body["ooo_spec"]
     bfcl = build_request(make_case(), MODES["ngram"], settings)
     assert bfcl["extra_body"] == {"ooo_spec": {"enabled": False, "baseline": "ngram",
-                                               "history": False}}
+                                               "history": False, "suffix": False}}
 
 
 def test_plan_runs_ooo_tools_only_on_the_agent_set_and_warms_each_source() -> None:
@@ -708,3 +710,124 @@ def test_the_sidecar_line_compares_its_passes_with_plains() -> None:
     assert "sidecar passes 12.0 vs plain's 50.0 to its call (medians): 0.24x" in line
     assert report.format_summary(summarize(records, ["plain", "sidecar"])).count(
         "sidecar passes to its prediction (median)") == 1
+
+
+# ---------------------------------------------------------------- vLLM's suffix decoding
+
+
+def test_suffix_mode_asks_the_servers_suffix_engine() -> None:
+    assert MODES["suffix"].extra_body == {"ooo_spec": {"enabled": False, "baseline": "suffix"}}
+    assert MODES["suffix"].sources is None  # every dataset
+    assert parse_modes("plain,ngram,suffix,drafts,ooo")[2] is MODES["suffix"]
+
+
+def test_suffix_mode_is_refused_where_arctic_inference_is_missing(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr("app.engine.vllm_suffix.suffix_available", lambda: False)
+    refusal = bench.suffix_refusal(parse_modes("plain,suffix"), starts_server=True)
+    assert refusal is not None and "arctic-inference" in refusal and "setup.sh" in refusal
+    # A server the bench does not start answers for itself; other modes need nothing.
+    assert bench.suffix_refusal(parse_modes("plain,suffix"), starts_server=False) is None
+    assert bench.suffix_refusal(parse_modes("plain,ngram"), starts_server=True) is None
+    # The command stops before it starts anything (no Ray here: it would hang or fail).
+    assert bench.main(["--start", "--modes", "plain,suffix", "--limit", "1"]) == 2
+    assert "mode suffix refused" in capfd.readouterr().err
+    monkeypatch.setattr("app.engine.vllm_suffix.suffix_available", lambda: True)
+    assert bench.suffix_refusal(parse_modes("plain,suffix"), starts_server=True) is None
+
+
+def test_ratios_are_given_against_both_of_vllms_methods() -> None:
+    records = [rec("a", "plain", steps=40), rec("a", "ngram", steps=20),
+               rec("a", "suffix", steps=16), rec("a", "ooo", steps=8)]
+    summary = summarize(records, ["plain", "ngram", "suffix", "ooo"])
+    assert summary["vs_suffix"]["ooo"]["steps_ratio"] == 2.0
+    assert summary["vs_ngram"]["suffix"]["steps_ratio"] == 1.25
+    text = report.format_summary(summary)
+    assert "vs suffix (suffix/mode" in text and "vs ngram (ngram/mode" in text
+
+
+# ---------------------------------------------------------------- BFCL multi-turn replay
+
+
+def multi_step(conversation: str, index: int) -> Any:
+    from load_tests.bfcl_multi import ExpectedCall, MultiTurnStep
+
+    return MultiTurnStep(
+        id=f"{conversation}#{index}", category="multi_turn_base", conversation=conversation,
+        index=index, turn=index, messages=[{"role": "user", "content": "go"}],
+        tools=make_case().tools,
+        expected=ExpectedCall(name="area", arguments={"base": 10, "height": 5}))
+
+
+def test_parse_and_request_the_multi_turn_dataset() -> None:
+    assert parse_dataset_spec("bfcl-multi:multi_turn_base,bfcl:simple_python") == [
+        DatasetSpec("bfcl-multi", "multi_turn_base"), DatasetSpec("bfcl", "simple_python")]
+    with pytest.raises(ValueError, match="multi-turn category"):
+        parse_dataset_spec("bfcl-multi:multi_turn_miss_func")
+    step = multi_step("c", 1)
+    assert bench.case_source(step) == "bfcl-multi"
+    kwargs = build_request(step, MODES["ooo"], RequestSettings(model="m"))
+    assert kwargs["messages"] == step.messages and kwargs["tool_choice"] == "required"
+    # Every mode is asked the same: no call or output remembered from another mode's run.
+    assert kwargs["extra_body"]["ooo_spec"]["history"] is False
+    assert kwargs["extra_body"]["ooo_spec"]["suffix"] is False
+
+
+def test_multi_turn_record_knows_its_conversation_and_is_scored() -> None:
+    message = SimpleNamespace(content=None, tool_calls=[SimpleNamespace(function=SimpleNamespace(
+        name="area", arguments='{"base": 10, "height": 5}'))])
+    response = SimpleNamespace(
+        choices=[SimpleNamespace(message=message, finish_reason="tool_calls")],
+        usage=None, model_extra={"ooo_spec": {"outcome": "disabled", "main": {"steps": 9}}})
+    record = bench.record_from_response(response, multi_step("c", 2), "plain", 0, 80.0)
+    assert (record.source, record.conversation, record.call_index) == ("bfcl-multi", "c", 2)
+    assert record.correct is True and record.case_id == "c#2"
+
+
+def test_multi_turn_summary_by_position_and_per_conversation() -> None:
+    records = []
+    # Two conversations of two calls; ooo halves plain's passes on later calls only.
+    for conv in ("c0", "c1"):
+        for index, (plain, ooo) in enumerate([(20, 20), (40, 20)]):
+            records += [rec(f"{conv}#{index}", "plain", steps=plain, e2e_ms=plain * 10.0,
+                            source="bfcl-multi", conversation=conv, call_index=index),
+                        rec(f"{conv}#{index}", "ooo", steps=ooo, e2e_ms=ooo * 10.0,
+                            source="bfcl-multi", conversation=conv, call_index=index)]
+    # A conversation ooo did not finish (an error) is not counted as a whole.
+    records += [rec("c2#0", "plain", source="bfcl-multi", conversation="c2", call_index=0),
+                rec("c2#0", "ooo", source="bfcl-multi", conversation="c2", call_index=0,
+                    error="HTTP 500: boom")]
+    mark_identity(records)
+    summary = bench.summarize_by_source(records, parse_modes("plain,ooo"))["bfcl-multi"]
+    multi = summary["multi_turn"]
+    assert multi["first_calls"]["vs_plain"]["ooo"]["steps_ratio"] == 1.0
+    assert multi["later_calls"]["vs_plain"]["ooo"]["steps_ratio"] == 2.0
+    totals = multi["conversations"]
+    assert totals["plain"]["conversations"] == 3 and totals["ooo"]["conversations"] == 2
+    assert totals["ooo"]["passes_median"] == 40 and totals["ooo"]["calls"] == 4
+    assert totals["ooo"]["passes_ratio_paired_median"] == 1.5
+    assert totals["ooo"]["e2e_ratio_paired_median"] == 1.5
+    assert totals["ooo"]["identical_conversations"] == 1.0
+    text = report.format_multi_turn(multi)
+    assert "first call of each conversation" in text and "later calls" in text
+    assert "main passes / conversation" in text
+
+
+def test_drafted_and_accepted_tokens_per_source_are_summed_and_printed() -> None:
+    tallies = {"sidecar": {"drafted_tokens": 10, "accepted_tokens": 8, "gain_tokens": 3},
+               "lookup": {"drafted_tokens": 4, "accepted_tokens": 1, "gain_tokens": 0}}
+    response = report_response({"outcome": "hit", "main": {"steps": 5, "sources": tallies}})
+    record = bench.record_from_response(response, make_case(), "ooo", 0, 10.0)
+    assert record.sources == tallies
+    records = [record, bench.record_from_response(response, make_case("b"), "ooo", 0, 10.0),
+               rec("a", "plain")]
+    summary = summarize(records, ["plain", "ooo"])
+    assert summary["modes"]["ooo"]["sources"]["sidecar"] == {
+        "drafted_tokens": 20, "accepted_tokens": 16, "gain_tokens": 6}
+    assert summary["modes"]["plain"]["sources"] == {}
+    text = report.format_summary(summary)
+    assert "drafted / accepted tokens by source" in text
+    assert "20 / 16 (80%)" in text and "8 / 2 (25%)" in text
+    # A server without per-source numbers: no table.
+    assert "by source" not in report.format_summary(summarize([rec("a", "plain")], ["plain"]))

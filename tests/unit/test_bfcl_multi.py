@@ -146,3 +146,17 @@ def test_shipped_multi_turn_base_replays_completely(wheel: Path) -> None:
         assert step.messages[-1]["role"] in ("user", "tool")
     with pytest.raises(ValueError, match="not supported"):
         load_bfcl_multi("multi_turn_miss_func", wheel=wheel)
+
+
+def test_the_load_benchmark_replays_conversations_too(wheel: Path) -> None:
+    from load_tests.concurrency import load_categories
+    from load_tests.load_requests import request_body
+
+    cases = load_categories("simple_python, bfcl-multi:multi_turn_base", 2)
+    assert [c.category for c in cases[:2]] == ["simple_python"] * 2
+    steps = [c for c in cases if isinstance(c, MultiTurnStep)]
+    assert {s.conversation for s in steps} == {"multi_turn_base_0", "multi_turn_base_1"}
+    assert len(cases) == 2 + len(steps)
+    body = request_body(steps[3], "ooo", 64)
+    assert body["messages"] == steps[3].messages and body["tools"] == steps[3].tools
+    assert body["tool_choice"] == "required" and "parallel_tool_calls" not in body

@@ -12,8 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from app.tenancy import ANONYMOUS_TENANT
 from app.tools import builtin
 from app.tools.builtin import CalculatorError, evaluate_expression
+from app.tools.call_context import ToolCallContext
 from app.tools.registry import ToolRegistry
 
 
@@ -272,8 +274,27 @@ async def test_append_note_appends_every_call(
     for text in ("first", "first", "second"):
         result = await registry.execute("append_note", {"text": text})
         assert not result.is_error and json.loads(result.content)["saved"] is True
-    lines = (tmp_path / "home" / "notes.jsonl").read_text().splitlines()
+    lines = builtin.notes_path(ANONYMOUS_TENANT).read_text().splitlines()
     assert [json.loads(line)["text"] for line in lines] == ["first", "first", "second"]
+
+
+async def test_append_note_keeps_each_tenants_notes_apart(
+    registry: ToolRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tenant comes from the call's context (never from the arguments, which a client
+    writes); the sync tool runs in a thread and still sees it."""
+    monkeypatch.setenv("OOO_SPEC_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(builtin, "MAX_NOTES_BYTES", 200)
+    for _ in range(5):  # key-a fills its own file
+        await registry.execute("append_note", {"text": "a" * 40}, ToolCallContext("key-a"))
+    saved = await registry.execute("append_note", {"text": "b's"}, ToolCallContext("key-b"))
+    assert not saved.is_error  # key-a's full file is not key-b's
+    a, b = builtin.notes_path("key-a"), builtin.notes_path("key-b")
+    assert a != b and a.parent == b.parent == tmp_path / "home" / "notes"
+    assert [json.loads(line)["text"] for line in b.read_text().splitlines()] == ["b's"]
+    assert all(json.loads(line)["text"] == "a" * 40 for line in a.read_text().splitlines())
+    assert not builtin.notes_path(ANONYMOUS_TENANT).exists()
+    assert builtin.notes_path("../../etc/passwd").parent == a.parent  # a digest, not a path
 
 
 async def test_append_note_stops_at_the_size_cap(
@@ -284,13 +305,13 @@ async def test_append_note_stops_at_the_size_cap(
     results = [await registry.execute("append_note", {"text": "n" * 40}) for _ in range(5)]
     assert [r.is_error for r in results] == [False, False, True, True, True]
     assert "notes file is full" in results[-1].content
-    assert (tmp_path / "home" / "notes.jsonl").stat().st_size <= 200
+    assert builtin.notes_path(ANONYMOUS_TENANT).stat().st_size <= 200
 
 
 async def test_xdg_cache_home_is_honoured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OOO_SPEC_HOME", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert builtin.notes_path() == tmp_path / "ooo-spec" / "notes.jsonl"
+    assert builtin.notes_path("key-a").parent == tmp_path / "ooo-spec" / "notes"
 
 
 def test_builtin_flags(registry: ToolRegistry) -> None:

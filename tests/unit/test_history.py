@@ -1,4 +1,10 @@
-from app.engine.history import InvocationHistory, request_text, similarity, words
+from app.engine.history import (
+    InvocationHistory,
+    request_text,
+    similarity,
+    tenant_to_evict,
+    words,
+)
 from app.speculation.prediction import PredictedCall
 
 
@@ -58,3 +64,35 @@ def test_tenants_never_see_each_others_calls() -> None:
     assert history.candidates(text, {"book_flight"}) == []  # nor the anonymous tenant
     assert history.candidates(text, {"book_flight"}, tenant="key-a") == [
         [call("book_flight", passport="X1234567")]]
+
+
+def test_a_tenant_cannot_flush_another_tenants_entries() -> None:
+    history = InvocationHistory(max_entries=8, min_similarity=0.5, max_entries_per_tenant=4)
+    kept = "What is the weather in Paris today?"
+    history.record(kept, [call("weather", city="Paris")], tenant="key-b")
+    for i in range(100):  # a flood of key-a's own calls
+        history.record(f"look up order {i}", [call("order", id=i)], tenant="key-a")
+    assert history.held_by("key-a") == 4  # its share, newest kept
+    assert history.candidates(f"look up order {99}", {"order"}, tenant="key-a")[0] == [
+        call("order", id=99)]
+    assert history.candidates(kept, {"weather"}, tenant="key-b") == [
+        [call("weather", city="Paris")]]
+
+
+def test_a_full_history_evicts_from_the_tenant_holding_the_most() -> None:
+    history = InvocationHistory(max_entries=6, min_similarity=0.0, max_entries_per_tenant=4)
+    for i in range(4):
+        history.record("a", [call("f", x=i)], tenant="big")
+    for i in range(2):
+        history.record("b", [call("f", x=i)], tenant="small")
+    assert len(history) == 6
+    history.record("c", [call("f", x=0)], tenant="new")  # total full: `big` gives one up
+    assert len(history) == 6
+    assert (history.held_by("big"), history.held_by("small"), history.held_by("new")) == (3, 2, 1)
+    assert [call("f", x=0)] not in history.candidates("a", {"f"}, limit=8, tenant="big")
+
+
+def test_eviction_choice_spares_smaller_tenants() -> None:
+    assert tenant_to_evict({"a": 3, "b": 5}, recording="a") == "b"
+    assert tenant_to_evict({"a": 4, "b": 4}, recording="a") == "a"  # a tie: its own
+    assert tenant_to_evict({"a": 5, "b": 2}, recording="b") == "a"

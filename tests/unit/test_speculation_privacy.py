@@ -27,7 +27,8 @@ class RecordingPool:
     async def specs(self) -> Mapping[str, ToolSpec]:
         return self._specs
 
-    async def execute(self, name: str, arguments: dict[str, Any], speculative: bool) -> ToolResult:
+    async def execute(self, name: str, arguments: dict[str, Any], speculative: bool,
+                      tenant: str) -> ToolResult:
         self.calls.append((name, speculative))
         return ToolResult(name=name, content="ok", latency_ms=0.0)
 

@@ -155,9 +155,10 @@ class TracedPool(FakePool):
         super().__init__(lookup_s)
         self.carriers: list[tuple[bool, dict[str, str] | None]] = []
 
-    async def execute(self, name: str, arguments: dict[str, Any], speculative: bool) -> ToolResult:
+    async def execute(self, name: str, arguments: dict[str, Any], speculative: bool,
+                      tenant: str = "anonymous") -> ToolResult:
         self.carriers.append((speculative, telemetry.inject()))
-        return await super().execute(name, arguments, speculative)
+        return await super().execute(name, arguments, speculative, tenant)
 
 
 class RecordingSink:
