@@ -64,7 +64,7 @@ class MainModel:
         tenant = str(payload.pop(TENANT_KEY, ANONYMOUS_TENANT))
         request = ChatCompletionRequest.model_validate(payload)
         try:
-            prepared = self.service.prepare(request, raw_prompt, tenant=tenant)
+            prepared = await self.service.prepare_shared(request, raw_prompt, tenant=tenant)
             await self.service.check_grammar(prepared)
         except TurnError as err:
             yield err

@@ -281,11 +281,16 @@ class Router:
         sidecar: DeploymentHandle | None,
         tool_worker: DeploymentHandle | None = None,
         main_ngram: DeploymentHandle | None = None,
+        main_suffix: DeploymentHandle | None = None,
     ) -> None:
         self.config = load_config(config)
         self.main = main.options(stream=True)
         # Comparison engines by the name requests give in `ooo_spec.baseline`.
-        self.baselines = {"ngram": main_ngram.options(stream=True)} if main_ngram else {}
+        self.baselines = {
+            name: handle.options(stream=True)
+            for name, handle in (("ngram", main_ngram), ("suffix", main_suffix))
+            if handle is not None
+        }
         self.sidecar = sidecar
         self.sidecar_gate = SidecarGate(self.config.speculation.load_aware.sidecar_max_pending)
         self._arrivals: set[asyncio.Future[None]] = set()  # strong refs: the loop keeps weak ones
