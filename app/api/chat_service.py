@@ -233,7 +233,9 @@ class ChatService:
                     state.predictions.append(turn.prediction)
                 if turn.decision is not None:
                     state.sidecar_decisions.append(turn.decision)
-                state.outcomes.append(self.outcome(turn_request, turn.final, turn.decision))
+                # Canonical equality validates against the client's schemas: off the loop.
+                state.outcomes.append(await asyncio.to_thread(
+                    self.outcome, turn_request, turn.final, turn.decision))
                 telemetry.set_attributes(turn_span, telemetry.turn_attributes(
                     len(state.finals) - 1, turn_request.effective_tool_choice,
                     state.outcomes[-1], (c.name for c in turn.invocations)))

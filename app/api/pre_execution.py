@@ -182,7 +182,7 @@ class PreExecution:
             specs = await self._tools.specs()
             # Only tools this request offers are server-known for it (docs/tools.md).
             offered = {name: spec for name, spec in specs.items() if name in self._schemas}
-            self._ledger = PreExecutionLedger(
+            ledger = self._ledger = PreExecutionLedger(
                 offered,
                 global_enabled=self._policy.pre_execute,
                 allow_egress=self._policy.allow_egress,
@@ -192,18 +192,21 @@ class PreExecution:
             return
         except Exception:  # noqa: BLE001 - a failed sidecar or pool only means no pre-execution
             return
-        # Validation against the client's schemas runs off the router's event loop.
-        calls = await asyncio.to_thread(speculable_calls, parsed, self._schemas, offered,
-                                        self._named_tool)
-        for invocation in calls:
-            if self._ledger.start(invocation):
-                key = self._ledger.key(invocation)
+
+        def keyed_calls() -> list[tuple[Invocation, str]]:
+            calls = speculable_calls(parsed, self._schemas, offered, self._named_tool)
+            return [(call, ledger.key(call)) for call in calls]
+
+        # Validation against the client's schemas and canonical keys (defaults filled through
+        # the tools' schemas) run off the router's event loop.
+        for invocation, key in await asyncio.to_thread(keyed_calls):
+            if ledger.start(invocation, key):
                 self._runs[key] = asyncio.ensure_future(self._run(key, invocation))
 
     async def _run(self, key: str, invocation: Invocation) -> ToolRun:
         run = await run_tool(self._tools, invocation, True, self._clock, self._tenant)
         assert self._ledger is not None and run.result is not None
-        self._ledger.record(invocation, run.result)
+        self._ledger.record(invocation, run.result, key)
         self._done[key] = run
         return run
 
@@ -218,17 +221,18 @@ class PreExecution:
             self._watcher.cancel()
         out: list[ToolRun | None] = []
         ledger = self._ledger
-        for invocation in committed:
-            if ledger is None:
-                out.append(None)
-                continue
-            key = ledger.key(invocation)
+        calls = list(committed)
+        if ledger is None:
+            self.cancel()
+            return [None] * len(calls)
+        keys = await asyncio.to_thread(lambda: [ledger.key(call) for call in calls])
+        for invocation, key in zip(calls, keys, strict=True):
             task = self._runs.get(key)
-            if wait and task is not None and ledger.is_pending(invocation):
+            if wait and task is not None and ledger.is_pending(invocation, key):
                 # asyncio.wait, not `await task`: a run cancelled on its own must not look like
                 # this request being cancelled (that still propagates from here).
                 await asyncio.wait({task})
-            result = ledger.take(invocation)
+            result = ledger.take(invocation, key)
             out.append(self._done[key] if result is not None else None)
         self.cancel()
         return out

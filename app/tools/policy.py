@@ -58,7 +58,9 @@ class PreExecutionLedger:
     The router asks `start` before running a predicted call (True at most once per canonical
     call, and only when `may_pre_execute` allows it), `record`s the result, and asks `take`
     for each committed call. `is_pending` tells it to await a run still in flight rather than
-    start the same call again.
+    start the same call again. Each method takes the call's `key` when the caller has it:
+    computing one validates against the tool's schema, which a caller on an event loop does in
+    a worker thread.
     """
 
     def __init__(
@@ -76,33 +78,37 @@ class PreExecutionLedger:
     def key(self, invocation: Invocation) -> str:
         return invocation_key(invocation, self._tools)
 
-    def start(self, invocation: Invocation) -> bool:
+    def _key(self, invocation: Invocation, key: str | None) -> str:
+        return key if key is not None else self.key(invocation)
+
+    def start(self, invocation: Invocation, key: str | None = None) -> bool:
         """Claim the right to pre-execute `invocation`: False if not allowed or already claimed."""
         tool = self._tools.get(invocation.name)
         if not may_pre_execute(tool, self._enabled, self._allow_egress):
             return False
-        key = self.key(invocation)
+        key = self._key(invocation, key)
         if key in self._entries:
             return False
         self._entries[key] = _Entry(invocation)
         return True
 
-    def record(self, invocation: Invocation, result: ToolResult) -> None:
-        entry = self._entries.get(self.key(invocation))
+    def record(self, invocation: Invocation, result: ToolResult, key: str | None = None
+               ) -> None:
+        entry = self._entries.get(self._key(invocation, key))
         if entry is None:
             raise KeyError(f"no pre-execution of {invocation.name!r} was started")
         entry.result = result
 
-    def is_pending(self, invocation: Invocation) -> bool:
+    def is_pending(self, invocation: Invocation, key: str | None = None) -> bool:
         """Started, result not recorded yet: await it instead of running the call again."""
-        entry = self._entries.get(self.key(invocation))
+        entry = self._entries.get(self._key(invocation, key))
         return entry is not None and entry.result is None and not entry.taken
 
-    def take(self, committed: Invocation) -> ToolResult | None:
+    def take(self, committed: Invocation, key: str | None = None) -> ToolResult | None:
         """The recorded result for a canonically equal call, once; None otherwise."""
         if not _reusable(self._tools.get(committed.name)):
             return None
-        entry = self._entries.get(self.key(committed))
+        entry = self._entries.get(self._key(committed, key))
         if entry is None or entry.taken or entry.result is None or entry.result.is_error:
             return None
         entry.taken = True

@@ -318,7 +318,8 @@ class ToolRegistry:
         if not isinstance(arguments, dict):
             kind = type(arguments).__name__
             return finish(ToolOutput(f"arguments of {name!r} must be an object, got {kind}", True))
-        problems = validate_arguments(arguments, entry.spec.parameters)
+        # Off the worker's event loop: other calls' results go out while this one validates.
+        problems = await asyncio.to_thread(validate_arguments, arguments, entry.spec.parameters)
         if problems:
             return finish(
                 ToolOutput(f"invalid arguments for {name!r}: " + "; ".join(problems), True)
