@@ -69,6 +69,12 @@ class MainModel:
         except TurnError as err:
             yield err
             return
+        except Exception as exc:  # the tokenizer or the chat template refusing the request
+            refused = engine_rejection(exc)
+            if refused is None:
+                raise
+            yield refused
+            return
         candidates = _prediction(candidate_refs[0]) if candidate_refs else None
         try:
             async for event in self.service.run(prepared, candidates,

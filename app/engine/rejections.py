@@ -3,9 +3,10 @@
 vLLM checks a request's values where it builds its `SamplingParams` (`stop: [""]`, a
 temperature out of range) and where it takes the request in (an empty or too long prompt,
 token ids outside the vocabulary), raising a `VLLMClientError` (or a plain `ValueError` from
-older paths); the engine layer hands the latter on as `RequestRejected`. Either is the
-request's fault: a `TurnError` (a 400 at the API) naming the field, never an exception that
-the router would take for the main replica being down.
+older paths); the engine layer hands the latter on as `RequestRejected`. The model's chat
+template can refuse a conversation too (`raise_exception`, e.g. roles that do not alternate).
+Each is the request's fault: a `TurnError` (a 400 at the API) naming the field, never an
+exception that the router would take for the main replica being down.
 """
 
 from __future__ import annotations
@@ -38,8 +39,19 @@ def _client_error(exc: BaseException) -> bool:
     return isinstance(exc, VLLMClientError)
 
 
+def _template_error(exc: BaseException) -> bool:
+    import jinja2
+
+    return isinstance(exc, jinja2.TemplateError)
+
+
 def engine_rejection(exc: BaseException) -> TurnError | None:
-    """`exc` as the client's error when vLLM refused the request; None for anything else."""
+    """`exc` as the client's error when vLLM (or the model's chat template, whose
+    `raise_exception` refuses a conversation it cannot render) refused the request; None for
+    anything else."""
+    if _template_error(exc):
+        return TurnError(f"the model's chat template refused the messages: {exc}",
+                         param="messages", code="rejected_by_engine")
     if isinstance(exc, RequestRejected):
         cause = exc.__cause__
         parameter = getattr(cause, "parameter", None)

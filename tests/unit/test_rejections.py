@@ -48,3 +48,19 @@ def test_a_replica_failure_is_not_a_refusal() -> None:
     assert engine_rejection(RuntimeError("engine step loop died")) is None
     assert engine_rejection(KeyError("x")) is None
     assert rejected_field("the weather is fine", None) is None
+
+
+def test_a_chat_template_refusal_names_the_messages() -> None:
+    import jinja2
+
+    template = jinja2.Environment().from_string(
+        "{% if messages[0] != 'user' %}{{ raise_exception('roles must alternate') }}{% endif %}")
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.TemplateError(message)
+
+    with pytest.raises(jinja2.TemplateError) as caught:
+        template.render(messages=["assistant"], raise_exception=raise_exception)
+    error = engine_rejection(caught.value)
+    assert error is not None and error.param == "messages"
+    assert "roles must alternate" in error.message
