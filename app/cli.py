@@ -155,9 +155,9 @@ def add_bench_command(subparsers: Subparsers) -> None:
     # prefix character of this subparser ever starts an argument, so none is parsed here.
     bench = subparsers.add_parser(
         "bench", add_help=False, prefix_chars="\0",
-        help="compare decoding modes (plain, ngram, ooo, ooo+tools) on datasets against a "
-        "server: runs `python -m load_tests.bench` (from the repository root; --help for its "
-        "flags)",
+        help="compare decoding modes on datasets against a server: runs `python -m "
+        "load_tests.bench` (from the repository root; its --help lists the modes, datasets and "
+        "defaults)",
     )
     bench.add_argument("bench_args", nargs=argparse.REMAINDER)
     bench.set_defaults(func=_bench)
@@ -197,28 +197,18 @@ def add_config_commands(subparsers: Subparsers) -> None:
 
 
 def _sidecar_distill(args: argparse.Namespace) -> int:
-    from app.distill import command
+    import subprocess
+    from pathlib import Path
 
-    if not args.samples and not _bfcl_loader_importable():
+    # The collection's dataset loaders live in load_tests/ at the repository root, not in the
+    # installed package: the command runs as a module from there, where `python -m` finds
+    # them (the console script puts its own folder on sys.path instead).
+    if not args.samples and not Path("load_tests", "bfcl.py").is_file():
         _to_stderr("ooo-spec: error: the collection runs from the repository root (the BFCL "
                    "loader is in load_tests/): cd there, or train on collected samples with "
                    "--samples")
         return 2
-    return command.run(args)
-
-
-def _bfcl_loader_importable() -> bool:
-    """Whether `load_tests.bfcl` imports here. It lives at the repository root, not in the
-    installed package: run from there, the root goes on sys.path, as `python -m` would put it
-    (the console script puts its own folder there instead)."""
-    from pathlib import Path
-
-    if not Path("load_tests", "bfcl.py").is_file():
-        return False
-    root = str(Path.cwd())
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    return True
+    return subprocess.call([sys.executable, "-m", "app.distill", *args.distill_argv])
 
 
 def add_sidecar_commands(subparsers: Subparsers) -> None:
@@ -236,6 +226,14 @@ def add_sidecar_commands(subparsers: Subparsers) -> None:
     )
     command.add_arguments(distill)
     distill.set_defaults(func=_sidecar_distill)
+
+
+def _after(argv: Sequence[str], *words: str) -> list[str]:
+    """What follows the command words in `argv` (the subcommand's own arguments)."""
+    rest = list(argv)
+    for word in words:
+        rest = rest[rest.index(word) + 1:]
+    return rest
 
 
 COMMANDS: tuple[Callable[[Subparsers], None], ...] = (
@@ -263,6 +261,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # argparse exits on --help and usage errors; return the code so callers of main() can
         # test it without catching SystemExit.
         return exit_.code if isinstance(exit_.code, int) else 2
+    if args.command == "sidecar" and args.sidecar_command == "distill":
+        # Parsed here for --help and errors, handed on as given to `python -m app.distill`.
+        args.distill_argv = _after(sys.argv[1:] if argv is None else argv, "sidecar", "distill")
     handler: Callable[[argparse.Namespace], int] = args.func
     try:
         return handler(args)

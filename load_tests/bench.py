@@ -47,6 +47,7 @@ import math
 import os
 import statistics
 import sys
+import textwrap
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -213,7 +214,39 @@ class DatasetSpec:
         return f"{self.source}:{self.category}"
 
 
-DATASET_SOURCES = ("bfcl", AGENT_SOURCE, BFCL_AUTO, AGENT_AUTO, BFCL_MULTI)
+@dataclass(frozen=True)
+class DatasetSource:
+    """A source `--dataset` accepts: `name:<category>`, or `name` alone when it has no
+    categories (a whole set). `--help` lists them from `DATASETS`."""
+
+    name: str
+    description: str
+    categories: tuple[str, ...] = ()
+
+
+DATASETS: dict[str, DatasetSource] = {}
+
+
+def register_dataset(name: str, description: str,
+                     categories: Iterable[str] = ()) -> DatasetSource:
+    """Add (or replace) a dataset source; `--dataset` and `--help` then know it (loading its
+    cases is `load_cases`'s job)."""
+    source = DatasetSource(name, description, tuple(categories))
+    DATASETS[name] = source
+    return source
+
+
+register_dataset("bfcl", "BFCL v4 single-turn questions, tool_choice required",
+                 SUPPORTED_CATEGORIES)
+register_dataset(AGENT_SOURCE, "the multi-turn agent scenarios on the server's demo and bench "
+                 "tools (load_tests/agent_scenarios.py)")
+register_dataset(BFCL_AUTO, "the BFCL questions with tool_choice auto (the model may answer "
+                 "in text)", SUPPORTED_CATEGORIES)
+register_dataset(AGENT_AUTO, "the agent scenarios with tool_choice auto")
+register_dataset(BFCL_MULTI, "BFCL's multi-turn conversations replayed call by call "
+                 "(load_tests/bfcl_multi.py; needs an 8,192-token context, configs/bench.yaml; "
+                 "--limit counts conversations)", MULTI_CATEGORIES)
+DATASET_SOURCES = tuple(DATASETS)
 # Shorthands for several categories at once.
 BFCL_GROUPS: dict[str, tuple[str, ...]] = {"core": CORE_CATEGORIES}
 # `auto`: the questions of the `auto` dataset.
@@ -250,9 +283,9 @@ def parse_dataset_spec(spec: str) -> list[DatasetSpec]:
             category = item
         if source is None:
             raise ValueError(f"dataset {item!r} has no source; write e.g. bfcl:{item}")
-        if source not in DATASET_SOURCES:
+        if source not in DATASETS:
             raise ValueError(
-                f"unknown dataset source {source!r}; known: {', '.join(DATASET_SOURCES)}"
+                f"unknown dataset source {source!r}; known: {', '.join(DATASETS)}"
             )
         if source in AGENT_SOURCES:
             raise ValueError(f"the agent set has no category {category!r}; write just "
@@ -266,10 +299,10 @@ def parse_dataset_spec(spec: str) -> list[DatasetSpec]:
             continue
         categories = BFCL_GROUPS.get(category, (category,))
         for name in categories:
-            if name not in SUPPORTED_CATEGORIES:
+            if name not in DATASETS[source].categories:
                 raise ValueError(
-                    f"BFCL category {name!r} is not supported; use one of "
-                    + ", ".join((*SUPPORTED_CATEGORIES, *BFCL_GROUPS))
+                    f"{source} category {name!r} is not supported; use one of "
+                    + ", ".join((*DATASETS[source].categories, *BFCL_GROUPS))
                 )
             entry = DatasetSpec(source, name)
             if entry not in out:
@@ -1134,61 +1167,92 @@ def run_command(args: Any, say: Callable[[str], None]) -> int:
     return 0 if any(r.ok and not r.warmup for r in records) else 1
 
 
+def modes_help() -> str:
+    """The `--help` list of modes, from `MODES` (a registered mode shows up by itself)."""
+    width = max(len(name) for name in MODES)
+    lines = [f"modes (--modes, comma-separated; `{BASELINE}` is the baseline):"]
+    for mode in MODES.values():
+        only = f" [{', '.join(sorted(mode.sources))} only]" if mode.sources is not None else ""
+        lines += _wrap(f"{mode.name:<{width}}  {mode.description}{only}", " " * (width + 4))
+    return "\n".join(lines)
+
+
+def _wrap(text: str, indent: str, first: str = "  ") -> list[str]:
+    # Names hold hyphens (`bfcl-auto`): never split them.
+    return textwrap.wrap(text, 96, initial_indent=first, subsequent_indent=indent,
+                         break_on_hyphens=False, break_long_words=False)
+
+
+def datasets_help() -> str:
+    """The `--help` list of datasets, from `DATASETS`, `BFCL_GROUPS` and `AUTO_SET`."""
+    lines = _wrap("datasets (--dataset, comma-separated `source:category`; an item without a "
+                  "source takes the one before it):", "  ", first="")
+    for source in DATASETS.values():
+        label = f"{source.name}:<category>" if source.categories else source.name
+        lines += _wrap(f"{label}  {source.description}", "      ")
+        if source.categories:
+            lines += _wrap("categories: " + ", ".join(source.categories), "        ",
+                           first="      ")
+    shorthands = [f"bfcl:{name} = {', '.join(group)}" for name, group in BFCL_GROUPS.items()]
+    shorthands.append(f"auto = {', '.join(AUTO_SET)}")
+    lines += _wrap("shorthands: " + "; ".join(shorthands), "    ")
+    return "\n".join(lines)
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults from the parser itself; the mode and dataset lists kept as laid out."""
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The CLI; its help lists every mode and dataset from the registries the code uses."""
     parser = argparse.ArgumentParser(
         prog="python -m load_tests.bench",
-        description="Send every case of a dataset once per mode to an OpenAI-compatible "
-        "ooo-spec server (interleaved case by case, mode order rotated per case), then print "
-        "per-mode statistics and ratios against `plain`, and write every request's numbers "
-        "(JSON) and a latency plot (PNG) under --out. With --start the app is started from "
-        "--config first and stopped at the end.",
+        formatter_class=_HelpFormatter,
+        description=textwrap.fill(
+            "Send every case of a dataset once per mode to an OpenAI-compatible ooo-spec "
+            "server (interleaved case by case, mode order rotated per case), then print "
+            "per-mode statistics and ratios against `plain`, and write every request's numbers "
+            "(JSON) and a latency plot (PNG) under --out. With --start the app is started from "
+            "--config first and stopped at the end.", 96),
+        epilog=f"{modes_help()}\n\n{datasets_help()}",
     )
     parser.add_argument("--dataset", default="bfcl:simple_python",
-                        help="comma-separated datasets, e.g. bfcl:simple_python,multiple,parallel,"
-                        "parallel_multiple or bfcl:core, and `agent` (the multi-turn scenario set "
-                        "on the server's demo and bench tools); `bfcl-auto:<category>`, "
-                        "`agent-auto`, or `auto` (both) ask them with tool_choice auto; "
-                        "`bfcl-multi:multi_turn_base` replays BFCL's multi-turn conversations "
-                        "call by call (needs an 8,192-token context, configs/bench.yaml) "
-                        "(default: bfcl:simple_python)")
+                        help="comma-separated datasets (listed below)")
     parser.add_argument("--limit", type=int, default=None,
                         help="first N cases of each category, or N conversations of a "
-                        "bfcl-multi category (default: all)")
+                        "bfcl-multi category (None: all)")
     parser.add_argument("--conversations", type=int, default=None,
-                        help="first N conversations of each bfcl-multi category (default: "
+                        help="first N conversations of each bfcl-multi category (None: "
                         "--limit)")
     parser.add_argument("--modes", default="plain,ooo",
-                        help="comma-separated modes among plain, ngram (needs the server's n-gram "
-                        "engine, e.g. configs/bench.yaml), suffix (vLLM's suffix decoding; needs "
-                        "its engine and arctic-inference), drafts, ooo, ooo+tools (agent set "
-                        "only) (default: plain,ooo); `plain` is the baseline")
+                        help="comma-separated modes (listed below); `ngram` and `suffix` need "
+                        "their engines on the server (configs/bench.yaml)")
     parser.add_argument("--warmup", type=int, default=2,
-                        help="warm-up requests per mode, left out of the statistics (default: 2)")
+                        help="warm-up requests per mode, left out of the statistics")
     parser.add_argument("--base-url", default=None,
-                        help="server to benchmark (default: http://127.0.0.1:8000, or the port "
-                        "of --port); ignored with --start")
+                        help=f"server to benchmark (None: {DEFAULT_BASE_URL}, or the port of "
+                        "--port); ignored with --start")
     parser.add_argument("--start", action="store_true",
                         help="start the app from --config (local Ray) and stop it at the end")
     parser.add_argument("--config", default="configs/local.yaml",
-                        help="Ray Serve config file for --start (default: configs/local.yaml)")
+                        help="Ray Serve config file for --start")
     parser.add_argument("--port", type=int, default=None,
                         help="HTTP port: overrides the config's port with --start, else the "
                         "port of the default base URL")
     parser.add_argument("--model", default=None,
-                        help="model name to send (default: the first one in /v1/models)")
-    parser.add_argument("--max-tokens", type=int, default=256,
-                        help="max_tokens per request (default: 256)")
+                        help="model name to send (None: the first one in /v1/models)")
+    parser.add_argument("--max-tokens", type=int, default=256, help="max_tokens per request")
     parser.add_argument("--timeout", type=float, default=120.0,
-                        help="per-request timeout in seconds (default: 120)")
+                        help="per-request timeout in seconds")
     parser.add_argument("--max-duration", type=float, default=3600.0,
-                        help="stop sending requests after this many seconds (default: 3600)")
+                        help="stop sending requests after this many seconds")
     parser.add_argument("--max-errors", type=int, default=10,
-                        help="stop after this many failed requests in a row (default: 10)")
+                        help="stop after this many failed requests in a row")
     parser.add_argument("--slow-tool-ms", type=float, default=None,
                         help="with --start: latency of the bench tool slow_lookup "
-                        "(load_tests/bench_tools.py, OOO_SPEC_SLOW_TOOL_MS; default 500)")
+                        "(load_tests/bench_tools.py, OOO_SPEC_SLOW_TOOL_MS; None: its own 500)")
     parser.add_argument("--out", default="bench_out/",
-                        help="folder for the JSON records and the PNG plot (default: bench_out/)")
+                        help="folder for the JSON records and the PNG plot")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 

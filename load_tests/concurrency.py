@@ -31,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from load_tests.bfcl import BfclCase, load_bfcl
+from load_tests.bfcl import SUPPORTED_CATEGORIES, BfclCase, load_bfcl
 from load_tests.bfcl_multi import MultiTurnStep, load_bfcl_multi
 from load_tests.load_requests import request_body
 
@@ -350,6 +350,37 @@ def _plot_levels(axes: Sequence[Any], summaries: Sequence[dict[str, Any]]) -> No
     axes[0].legend(fontsize=7)
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """The CLI; its help lists the modes (`MODES`), the categories (`SUPPORTED_CATEGORIES`)
+    and every default from the parser itself."""
+    parser = argparse.ArgumentParser(
+        prog="python -m load_tests.concurrency",
+        description=__doc__.split("\n\n")[0] + f" Modes, each level: {', '.join(MODES)}.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--url", default="http://127.0.0.1:8000", help="the server")
+    parser.add_argument("--users", default="1,4,16", help="concurrency levels, comma-separated")
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds per block")
+    parser.add_argument("--categories", default="simple_python,multiple",
+                        help="BFCL categories, comma-separated, among: "
+                        + ", ".join(SUPPORTED_CATEGORIES))
+    parser.add_argument("--limit", type=int, default=100, help="cases per category")
+    parser.add_argument("--max-tokens", type=int, default=256, help="max_tokens per request")
+    parser.add_argument("--timeout", type=float, default=300.0,
+                        help="per-request timeout in seconds")
+    parser.add_argument("--dashboard", default=None,
+                        help="Ray dashboard URL, to sample replica counts (e.g. "
+                        "http://127.0.0.1:8265)")
+    parser.add_argument("--history", action="store_true",
+                        help="let the main replica draft from past calls (off: both modes ask "
+                        "the same questions, so ooo would be drafted plain's answers)")
+    parser.add_argument("--warmup", type=int, default=2,
+                        help="uncounted sequential requests per mode before the first block")
+    parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    parser.add_argument("--plot", type=Path, default=None, help="draw the plot (PNG) here")
+    return parser
+
+
 def load_categories(spec: str, limit: int) -> list[Case]:
     """BFCL categories, comma-separated (first `limit` cases each); a `bfcl-multi:<category>`
     item replays BFCL's multi-turn conversations call by call (first `limit` conversations;
@@ -365,25 +396,7 @@ def load_categories(spec: str, limit: int) -> list[Case]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--url", default="http://127.0.0.1:8000")
-    parser.add_argument("--users", default="1,4,16", help="concurrency levels, comma-separated")
-    parser.add_argument("--duration", type=float, default=60.0, help="seconds per block")
-    parser.add_argument("--categories", default="simple_python,multiple")
-    parser.add_argument("--limit", type=int, default=100, help="cases per category")
-    parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument("--timeout", type=float, default=300.0)
-    parser.add_argument("--dashboard", default=None,
-                        help="Ray dashboard URL, to sample replica counts (e.g. "
-                        "http://127.0.0.1:8265)")
-    parser.add_argument("--history", action="store_true",
-                        help="let the main replica draft from past calls (off: both modes ask "
-                        "the same questions, so ooo would be drafted plain's answers)")
-    parser.add_argument("--warmup", type=int, default=2,
-                        help="uncounted sequential requests per mode before the first block")
-    parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--plot", type=Path, default=None)
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     levels = [int(u) for u in args.users.split(",") if u.strip()]
     cases = load_categories(args.categories, args.limit)
     result = asyncio.run(run(args.url, levels, args.duration, cases, args.max_tokens,

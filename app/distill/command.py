@@ -81,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
     from app.distill.collect import read_samples
     from app.distill.pairs import balance_more, offline_sidecar, render_pairs, split
     from app.distill.report import format_report
-    from app.distill.train import ADAPTER, TrainSettings, run_training
+    from app.distill.train import ADAPTER, TrainSettings
+    from app.distill.training_run import run_training
     from app.engine.embedded_model import resolve_model_path
 
     config = load_app_config(args.config)

@@ -45,7 +45,7 @@ def _child(out: Path) -> None:
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     from app.distill.pairs import Pair
-    from app.distill.train import run_training
+    from app.distill.training_run import run_training
     from app.engine.embedded_model import embedded_model_dir
 
     model = out / "tiny"

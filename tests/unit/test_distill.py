@@ -248,7 +248,7 @@ PAIRS = [pair(f"c{i}", [1, 20 + i, 30, 40], [50 + i, 60]) for i in range(4)]
 
 
 def _train(model_path: str, out: Path, steps: int, seed: int = 0) -> Any:
-    from app.distill.train import run_training
+    from app.distill.training_run import run_training
 
     settings = TrainSettings(steps=steps, batch_size=2, learning_rate=3e-2, rank=8, alpha=16,
                              seed=seed, checkpoint_every=2, layers=2)
@@ -387,8 +387,10 @@ def test_the_collection_runs_from_the_repository_root(
     capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
 ) -> None:
     """The console script does not put the working folder on sys.path; the BFCL loader is in
-    load_tests/ at the repository root, so the command puts the root there, or says where to
-    run from."""
+    load_tests/ at the repository root, so the command runs `python -m app.distill` there (no
+    sys.path edit), with its arguments as given, or says where to run from."""
+    import subprocess
+
     from app import cli
 
     monkeypatch.chdir(tmp_path)
@@ -396,9 +398,15 @@ def test_the_collection_runs_from_the_repository_root(
     assert "repository root" in capfd.readouterr().err
     root = Path(__file__).resolve().parents[2]
     monkeypatch.chdir(root)
-    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(root)])
-    assert cli._bfcl_loader_importable()
-    assert sys.path[0] == str(root)
+    ran: list[list[str]] = []
+    monkeypatch.setattr(subprocess, "call", lambda command: ran.append(command) or 0)
+    path_before = list(sys.path)
+    assert cli.main(["sidecar", "distill", "--limit", "2", "--out", "x"]) == 0
+    assert ran == [[sys.executable, "-m", "app.distill", "--limit", "2", "--out", "x"]]
+    assert sys.path == path_before
+    done = subprocess.run([sys.executable, "-m", "app.distill", "--help"], cwd=root,
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0 and "--samples" in done.stdout, done.stderr
 
 
 def test_the_collection_log_resumes_and_grows(tmp_path: Path) -> None:
