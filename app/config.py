@@ -91,6 +91,14 @@ class EngineConfig(_Strict):
         "cheaper there.",
     )
     enforce_eager: bool = True
+    batch_invariant: bool = Field(
+        False,
+        description="CUDA only: vLLM's batch-invariant kernels (VLLM_BATCH_INVARIANT=1 in the "
+        "engine's environment), so a token's logits no longer depend on how many tokens a "
+        "pass computes; in bfloat16 that is what lets a verified draft and one-token decoding "
+        "disagree on near-tied logits. vLLM calls the mode beta, needs compute capability 8.0 "
+        "and costs speed (docs/speculation.md, 'Lossless, per platform').",
+    )
     tensor_parallel_size: int = Field(
         1, ge=1, le=64,
         description="GPUs one replica's engine splits the model over (vLLM's tensor "

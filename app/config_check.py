@@ -682,6 +682,11 @@ def check_engine(
         if missing is not None:
             dep.errors.append(missing)
     check_max_model_len(dep, cfg, setting)
+    if cfg.batch_invariant and platform != "cuda":
+        dep.errors.append(
+            f"`{setting}.batch_invariant` is vLLM's CUDA mode; on CPU a float32 engine's output "
+            f"is already identical to plain decoding's: set `{setting}.batch_invariant` to false"
+        )
     found = model_dims(cfg)
     if found is None:
         dep.errors.append(
@@ -777,6 +782,12 @@ def _gpu_cache(
         dep.errors.append(f"{what}: set `{setting}.gpu_type` to one of {known}")
         return None
     check_dtype(dep, cfg, setting, gpu_type)
+    capability = COMPUTE_CAPABILITY.get(gpu_type)
+    if cfg.batch_invariant and capability is not None and capability < BF16_MIN_CAPABILITY:
+        dep.errors.append(
+            f"`{setting}.batch_invariant` needs compute capability 8.0 (vLLM), the {gpu_type} "
+            f"has {'.'.join(str(p) for p in capability)}: set it to false"
+        )
     # A tensor-parallel engine spreads weights and KV cache over its GPUs.
     gpus = cfg.tensor_parallel_size
     total = GPU_MEMORY_MIB[gpu_type] * (1 << 20)

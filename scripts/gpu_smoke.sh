@@ -18,7 +18,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-# Models come from the image's Hugging Face cache, as on the cluster.
+# Models come from the image's Hugging Face cache, as on the cluster. With the hub offline,
+# `config check` below fails at once naming any model that is not in the cache (an image built
+# with PREFETCH_MODELS=""), before anything starts.
 export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}"
 CONFIG="configs/gpu-smoke-1gpu.yaml"
 

@@ -8,7 +8,11 @@ row is which request. This only works because the engine core runs in the servin
 (see `vllm_engine.py` for why we drive an in-process `LLMEngine`).
 
 The main model verifies every draft with vLLM's rejection sampler; a wrong draft costs a few
-wasted positions in one forward pass, never a different output.
+wasted positions in one forward pass, never a different choice of token by the model. The
+output is token-identical to plain decoding in float32 (tested on CPU); in bfloat16 on a GPU a
+verifying pass computes other kernel shapes than one-token decoding, so near-tied logits can
+pick another token, as with vLLM's own speculative decoding, unless the engine runs vLLM's
+batch-invariant kernels (`engine.batch_invariant`; docs/speculation.md).
 """
 
 from __future__ import annotations

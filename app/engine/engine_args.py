@@ -26,6 +26,9 @@ DEFAULT_BLOCK_SIZE: dict[Platform, int] = {"cpu": 128, "cuda": 16}
 # but only after a warning and only while that stays on its list of unsupported features), so
 # every engine asks for V1 itself, the n-gram baseline too, so both sides run the same runner.
 MODEL_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+# vLLM's batch-invariant mode (`engine.batch_invariant`): bfloat16 output that does not depend
+# on how tokens are batched, so speculation leaves it bit-identical to plain decoding.
+BATCH_INVARIANT_ENV = "VLLM_BATCH_INVARIANT"
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,9 @@ def cuda_launch(
     if speculative_config is not None:
         kwargs["speculative_config"] = dict(speculative_config)
     env, defaults = _common_env(ngram=_is_ngram(speculative_config))
+    if cfg.batch_invariant:
+        # Read by vLLM when it builds the engine (kernels, attention backend, CUDA graphs).
+        env[BATCH_INVARIANT_ENV] = "1"
     return EngineLaunch("cuda", kwargs, env, defaults)
 
 

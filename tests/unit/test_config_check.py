@@ -400,3 +400,17 @@ def test_tensor_parallel_4_on_a_1_gpu_worker_group_is_refused(tmp_path: Path) ->
                     "nvidia.com/gpu"] = "4"
     path.write_text(yaml.safe_dump(rayservice))
     assert check_file(path).ok, check_file(path).errors
+
+
+def test_batch_invariant_is_checked_against_the_platform_and_gpu() -> None:
+    config = load(GPU_CONFIG)
+    _main_engine(config)["batch_invariant"] = True
+    report = check(config)
+    assert report.ok, report.errors
+    assert deployment(report, "MainModel").env["VLLM_BATCH_INVARIANT"] == "1"
+    _main_engine(config).update(gpu_type="T4", dtype="float16", max_model_len=4096)
+    assert any("`main.engine.batch_invariant` needs compute capability 8.0" in e
+               for e in check(config).errors)
+    cpu = load(ROOT / "configs" / "local.yaml")
+    _main_engine(cpu)["batch_invariant"] = True
+    assert any("`main.engine.batch_invariant` is vLLM's CUDA mode" in e for e in check(cpu).errors)

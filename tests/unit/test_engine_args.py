@@ -116,3 +116,11 @@ def test_driver_problem_names_the_driver_to_install() -> None:
     assert "535.183.01" in problem and "570.26" in problem and "CUDA 12.8" in problem
     with pytest.raises(ValueError):
         minimum_driver("10.2")
+
+
+def test_batch_invariant_reaches_the_cuda_engines_environment() -> None:
+    from app.engine.engine_args import BATCH_INVARIANT_ENV
+
+    strict = EngineConfig(dtype="bfloat16", batch_invariant=True)
+    assert cuda_launch(strict, "m").env[BATCH_INVARIANT_ENV] == "1"
+    assert BATCH_INVARIANT_ENV not in cuda_launch(EngineConfig(dtype="bfloat16"), "m").env

@@ -90,3 +90,30 @@ def test_no_drafting_at_all_fails() -> None:
     assert rows == [SmokeRow("c", 12, 12, 12, 12, None, None)]
     assert any("never drafted" in p for p in smoke_problems(rows))
     assert smoke_problems([]) == ["no case was sent"]
+
+
+def test_the_script_stops_before_starting_anything_when_the_models_are_absent(
+    tmp_path: Path,
+) -> None:
+    """scripts/gpu_smoke.sh on an image built without the models: with the hub offline (its
+    default) `config check` names the missing models and the script exits before the app
+    starts. A stand-in nvidia-smi gets it past the GPU check on this CPU machine; the empty
+    hub cache stands for the image's."""
+    import os
+    import subprocess
+    import sys
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA H100 80GB HBM3, 81559 MiB, 580.82.07'\n")
+    smi.chmod(0o755)
+    (tmp_path / "hub").mkdir()
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": sys.executable,
+           "HF_HUB_CACHE": str(tmp_path / "hub")}
+    env.pop("HF_HUB_OFFLINE", None)
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_smoke.sh"), "--limit", "1"],
+                          env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "`main.engine.model` = 'Qwen/Qwen3-8B' is not in the Hugging Face cache" in done.stdout
+    assert "load_tests" not in done.stderr  # the smoke run itself never started

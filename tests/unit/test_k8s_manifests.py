@@ -645,6 +645,24 @@ def test_images_are_set_and_match_the_ray_version(overlay: str) -> None:
     assert rayservice["spec"]["rayClusterConfig"]["rayVersion"] == match.group(1)
 
 
+def test_the_gpu_image_prefetches_the_models_of_the_gpu_configs_by_default() -> None:
+    """Issue 32: the pods run offline (HF_HUB_OFFLINE=1), so the image must hold every model its
+    configs name; `auto` (the default) fetches GPU_CONFIG_MODELS for the GPU image."""
+    dockerfile = (K8S / "Dockerfile").read_text(encoding="utf-8")
+    assert re.search(r"^ARG PREFETCH_MODELS=auto$", dockerfile, re.M)
+    match = re.search(r'^ARG GPU_CONFIG_MODELS="([^"]*)"$', dockerfile, re.M)
+    assert match, "k8s/Dockerfile: GPU_CONFIG_MODELS"
+    named = set()
+    for path in (REPO_ROOT / "configs").glob("*.yaml"):
+        config = yaml.safe_load(path.read_text(encoding="utf-8"))
+        for application in config.get("applications") or []:
+            args = AppConfig.model_validate(application.get("args") or {})
+            engines = [args.main.engine] + ([args.sidecar.engine] if args.sidecar.enabled else [])
+            if any(e.gpu_type for e in engines):  # a GPU config
+                named |= {e.model for e in engines}
+    assert named and set(match.group(1).split()) == named
+
+
 # ---------------------------------------------------------------------------------------------
 # production: keys, node selection, disruption, deadlines (issue #14); lockdown (issue #20)
 
