@@ -95,6 +95,10 @@ class Diagnostics(_Wire):
     # `false`: the sidecar predicts with its base model, without its LoRA adapter
     # (`sidecar.lora`; benchmarks compare both on one server). No effect without an adapter.
     sidecar_adapter: bool = True
+    # A separate suffix index within the caller's tenant (the `suffix` source): a benchmark
+    # that sends every mode as one tenant gives each mode its own, so a mode learns from its
+    # own earlier outputs (earlier turns of a conversation) and never from another mode's.
+    suffix_scope: str | None = Field(None, min_length=1, max_length=64)
 
 
 class OooSpecOptions(_Wire):

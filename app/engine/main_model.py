@@ -113,6 +113,13 @@ class CandidateIntake:
     no_call: bool = False
 
 
+def suffix_key(prepared: PreparedRequest) -> str:
+    """Whose suffix index a request uses: its tenant's, or a scope within it
+    (`ooo_spec.diagnostics.suffix_scope`); never another tenant's."""
+    scope = prepared.request.ooo_spec.diagnostics.suffix_scope
+    return prepared.tenant if scope is None else f"{prepared.tenant}\x00{scope}"
+
+
 class SourcedText(NamedTuple):
     """A candidate text and the source it came from (drafts are counted per source)."""
 
@@ -509,7 +516,7 @@ class MainModelService:
             thinking=prepared.reasoning is not None and prepared.reasoning.thinking,
             status="none" if candidates is None else "pending",
             auto=auto,
-            suffix=(self.suffixes.of(prepared.tenant)
+            suffix=(self.suffixes.of(suffix_key(prepared))
                     if self.suffixes is not None and prepared.speculate
                     and self.uses_suffix(prepared) else None),
         )
@@ -616,7 +623,7 @@ class MainModelService:
         sources = (result.speculation.sources.model_copy(deep=True) if result.speculation
                    else SourceTallies())
         if self.suffixes is not None and self.uses_suffix(prepared):
-            self.suffixes.of(prepared.tenant).add(result.token_ids)
+            self.suffixes.of(suffix_key(prepared)).add(result.token_ids)
         reasoning, answer = (
             prepared.reasoning.split(result.text) if prepared.reasoning is not None
             else (None, result.text)

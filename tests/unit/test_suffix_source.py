@@ -41,3 +41,16 @@ async def test_the_config_switch_turns_the_source_off() -> None:
     assert service.suffixes is None
     await run(service, weather_chat())
     assert service.engine.store.suffixes == []  # type: ignore[attr-defined]
+
+
+async def test_a_scope_is_a_separate_index_within_the_tenant() -> None:
+    engine = FakeEngine([CALL[:30], CALL[30:]])
+    service = main_service(engine)
+    assert service.suffixes is not None
+    scoped = weather_chat(ooo_spec={"history": False,
+                                    "diagnostics": {"suffix_scope": "mode-ooo"}})
+    prepared = service.prepare(scoped, raw_prompt=[1, 2, 3], tenant="key-a")
+    prepared.raw_prompt = False
+    [_ async for _ in service.run(prepared, None)]
+    assert service.suffixes.of("key-a\x00mode-ooo").tokens == 2
+    assert service.suffixes.of("key-a").tokens == 0  # nor the tenant's own index
