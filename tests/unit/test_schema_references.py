@@ -4,8 +4,6 @@ fetches it. A local listener records every request; it must see none."""
 
 from __future__ import annotations
 
-import http.server
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -21,39 +19,10 @@ from app.speculation.validation import (
     is_valid_against,
     validate_arguments,
 )
+from tests.http_listener import RecordingListener as Listener
 
 DRAFT_07 = "http://json-schema.org/draft-07/schema#"
 DRAFT_2019 = "https://json-schema.org/draft/2019-09/schema"
-
-
-class Listener:
-    """An HTTP server on 127.0.0.1 that answers every GET with a schema and records the path."""
-
-    def __init__(self) -> None:
-        self.hits: list[str] = []
-        hits = self.hits
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
-                hits.append(self.path)
-                body = b'{"type": "integer"}'
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture(scope="module")
