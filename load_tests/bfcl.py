@@ -41,7 +41,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from app.engine.embedded_model import model_home
+from app.home import model_home
 from app.speculation.canonical import Invocation
 from app.speculation.validation import validate_arguments
 
