@@ -1,0 +1,117 @@
+"""Which replica holds a tenant's prompt prefix in its KV cache: the state behind cache-affinity
+routing (deployments/prefix_router.py).
+
+An agent's next turn is its previous turn plus a tool result; vLLM's prefix cache makes it cheap
+only on the replica that served the previous turn, and only for the same tenant (every engine
+request carries the tenant as `cache_salt`). So a prompt is keyed per tenant, as the chat
+template renders it: the tools, then each message in order (`prompt_key`). Each segment's hash
+chains the ones before it, so equal hashes mean equal prefixes, and the index maps
+(tenant, prefix hash) to the replica that last served a prompt with that prefix.
+
+- `insert`: every prefix of a routed prompt now points at the replica it went to;
+- `longest_match`: the longest prefix of a prompt that a live replica holds, with its length
+  (characters of the rendered segments: the router has no tokenizer, and characters track
+  tokens closely enough to decide whether a match is worth keeping);
+- bounded memory: at most `max_entries` prefixes, least recently used evicted first;
+- `drop_replica`: a replica that left (downscale, redeploy, crash) is never chosen again.
+
+Tenants never share an entry: the tenant is part of every key and seeds every hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import OrderedDict
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PromptKey:
+    """A tenant's prompt as a chain of prefixes: `hashes[i]` names the first `i + 1` segments,
+    `lengths[i]` is how many characters they hold."""
+
+    tenant: str
+    hashes: tuple[str, ...]
+    lengths: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PrefixMatch:
+    """The replica holding the longest matching prefix, and that prefix's length in
+    characters."""
+
+    replica: str
+    length: int
+
+
+def prompt_key(tenant: str, tools: Sequence[Any], messages: Sequence[Any]) -> PromptKey:
+    """The key of a chat prompt: the tools (the templates render them first, in the system
+    block), then every message in order, each as canonical JSON (key order ignored)."""
+    segments = [_canonical(list(tools))] + [_canonical(m) for m in messages]
+    digest = hashlib.blake2b(tenant.encode(), digest_size=16).hexdigest()
+    hashes: list[str] = []
+    lengths: list[int] = []
+    total = 0
+    for segment in segments:
+        digest = hashlib.blake2b(f"{digest}\x00{segment}".encode(), digest_size=16).hexdigest()
+        total += len(segment)
+        hashes.append(digest)
+        lengths.append(total)
+    return PromptKey(tenant, tuple(hashes), tuple(lengths))
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      default=str)
+
+
+@dataclass
+class _Entry:
+    replica: str
+    length: int
+
+
+class TenantPrefixIndex:
+    """(tenant, prefix) -> the replica that last served it, least recently used evicted first.
+    Not thread-safe: the request router calls it from its event loop only."""
+
+    def __init__(self, max_entries: int) -> None:
+        if max_entries < 1:
+            raise ValueError("max_entries must be at least 1")
+        self.max_entries = max_entries
+        self._entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def insert(self, key: PromptKey, replica: str) -> None:
+        """Every prefix of `key` now points at `replica` (the one that just served it)."""
+        for digest, length in zip(key.hashes, key.lengths, strict=True):
+            entry_key = (key.tenant, digest)
+            self._entries[entry_key] = _Entry(replica, length)
+            self._entries.move_to_end(entry_key)
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+
+    def longest_match(self, key: PromptKey, replicas: Collection[str]) -> PrefixMatch | None:
+        """The longest prefix of `key` held by one of `replicas` (the live ones), or None."""
+        for position in range(len(key.hashes) - 1, -1, -1):
+            entry = self._entries.get((key.tenant, key.hashes[position]))
+            if entry is not None and entry.replica in replicas:
+                # The shorter prefixes are in use as part of this one: all recently used.
+                for digest in key.hashes[: position + 1]:
+                    if (key.tenant, digest) in self._entries:
+                        self._entries.move_to_end((key.tenant, digest))
+                return PrefixMatch(entry.replica, entry.length)
+        return None
+
+    def drop_replica(self, replica: str) -> None:
+        """Forget every prefix `replica` held: it is gone and its cache with it."""
+        for entry_key in [k for k, e in self._entries.items() if e.replica == replica]:
+            del self._entries[entry_key]
+
+    def replicas(self) -> set[str]:
+        return {entry.replica for entry in self._entries.values()}
