@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from app.engine.alignment import best_position, prompt_lookup
+from app.engine.alignment import prompt_lookup
 from app.engine.candidate_store import CandidateStore, RequestSpeculation
-from app.engine.draft_choice import PendingDraft, Proposal, choose
+from app.engine.draft_choice import PendingDraft, Proposal, choose, could_win
 from app.engine.draft_policy import DraftPolicy
 from app.engine.request_alignment import (
     TokenizedCandidate,
@@ -113,8 +113,8 @@ class CandidateProposer:
             if tracked.acceptance.paused or budget <= 0:
                 if tracked.acceptance.paused:
                     self.store.record_pause(req_id)
-                # The anchor did not follow this step's text: search again when drafting.
-                tracked.anchor = None
+                # The anchors did not follow this step's text: search again when drafting.
+                tracked.anchor = tracked.others_anchor = None
                 continue
             proposals = self._proposals(entry, tracked, piece, token_ids_cpu[row, :num_tokens],
                                         budget)
@@ -143,26 +143,34 @@ class CandidateProposer:
         # text answer, the calls and schema drafts once a call opens).
         candidates = (entry.gate.candidates(tracked.text) if entry.gate is not None
                       else entry.candidates)
+        sidecar = False
         if candidates:
             anchor = tracked.locate(piece, candidates, entry.realign)
             if anchor is not None:
                 text = candidates[anchor[0]]
                 source = entry.source_of(text)
                 proposals.append(Proposal(source, self._candidate_draft(text, anchor[1], budget)))
-                if source == "sidecar":
-                    # What the other candidates (history, schemas) would draft here: the
-                    # sidecar's gain is measured against them too, not only the token matchers.
-                    rest = [c for c in candidates if entry.source_of(c) != "sidecar"]
-                    other = best_position(tracked.text, rest, entry.realign)
-                    if other is not None:
-                        text = rest[other[0]]
-                        proposals.append(Proposal(entry.source_of(text), self._candidate_draft(
-                            text, other[1], budget)))
+                sidecar = source == "sidecar"
         else:
             tracked.anchor = None
-        if entry.suffix is not None:
+        if sidecar:
+            # What the other candidates (history, schemas) would draft here: the sidecar's
+            # gain is measured against them too, not only against the token matchers.
+            other = tracked.locate_others(
+                piece, candidates, lambda c: entry.source_of(c) != "sidecar", entry.realign)
+            if other is not None:
+                proposals.append(Proposal(entry.source_of(other[0]),
+                                          self._candidate_draft(other[0], other[1], budget)))
+        else:
+            tracked.others_anchor = None
+        # The token matchers only where they could be chosen (or the sidecar's gain needs
+        # them): each searches the request's whole context.
+        proposals = [p for p in proposals if p.tokens]
+        if entry.suffix is not None and (
+                sidecar or could_win("suffix", budget, proposals, tracked.rates)):
             proposals.append(Proposal("suffix", suffix_draft(entry.suffix, tokens, budget)))
-        if self.prompt_lookup_fallback:
+        if self.prompt_lookup_fallback and (
+                sidecar or could_win("lookup", budget, proposals, tracked.rates)):
             proposals.append(Proposal(
                 "lookup", prompt_lookup(tokens, budget, self.lookup_min, self.lookup_max)))
         return [p for p in proposals if p.tokens]

@@ -12,7 +12,10 @@ elsewhere) gives way to one that does not.
 
 At the next step the committed tokens settle the draft (`settle`): how many it got accepted,
 and how many of those the best of the other sources' proposals at that step would not have had
-accepted (its `gain` over the others). Pure functions and small records: the proposer calls
+accepted (its `gain` over the others). A token-level source (suffix, lookup) is only asked for
+a proposal that could win (`could_win`) or when the sidecar's candidate is in play: the
+sidecar's gain is measured against every other source, the others' against the proposals that
+could have been chosen instead. Pure functions and small records: the proposer calls
 them once per row per step.
 """
 
@@ -62,6 +65,10 @@ class SourceRates:
         self.rates[source] = (1 - SMOOTHING) * self.rate(source) + SMOOTHING * seen
 
 
+def _key(source: DraftSource, length: int, rates: SourceRates) -> tuple[float, int]:
+    return round(expected_accepted(rates.rate(source), length), 9), -_RANK[source]
+
+
 def choose(proposals: Sequence[Proposal], rates: SourceRates) -> Proposal | None:
     """The proposal with the most expected accepted tokens (see the module docstring).
 
@@ -74,11 +81,26 @@ def choose(proposals: Sequence[Proposal], rates: SourceRates) -> Proposal | None
     for proposal in proposals:
         if not proposal.tokens:
             continue
-        key = (round(expected_accepted(rates.rate(proposal.source), len(proposal.tokens)), 9),
-               -_RANK[proposal.source])
+        key = _key(proposal.source, len(proposal.tokens), rates)
         if best_key is None or key > best_key:
             best, best_key = proposal, key
     return best
+
+
+def could_win(
+    source: DraftSource, budget: int, proposals: Sequence[Proposal], rates: SourceRates
+) -> bool:
+    """Whether a draft of `source` could be chosen over `proposals` (at its longest, `budget`
+    tokens): the proposer asks before computing one.
+
+    >>> could_win("lookup", 4, [Proposal("schema", [1, 2, 3, 4])], SourceRates())
+    False
+    >>> could_win("lookup", 4, [Proposal("schema", [1, 2])], SourceRates())
+    True
+    """
+    best = max((_key(p.source, len(p.tokens), rates) for p in proposals if p.tokens),
+               default=None)
+    return best is None or _key(source, budget, rates) > best
 
 
 def agreed(draft: Sequence[int], committed: Sequence[int]) -> int:

@@ -147,6 +147,12 @@ class TrackedRequest:
     # source's acceptance so far (app/engine/draft_choice.py).
     pending: PendingDraft | None = None
     rates: SourceRates = field(default_factory=SourceRates)
+    # While the sidecar's candidate is drafted: the other candidates (history, schemas) and
+    # where the text stands in them, followed like `anchor` (the sidecar's gain is measured
+    # against them). Reset on a step that does not follow them.
+    others_of: list[str] | None = None
+    others: list[str] = field(default_factory=list)
+    others_anchor: tuple[int, int] | None = None
 
     def advance(self, output: Sequence[int] | np.ndarray, decode: Decode) -> str:
         """Fold the tokens committed since the last step into `text`; returns the new text."""
@@ -177,3 +183,22 @@ class TrackedRequest:
                 return self.anchor
         self.anchor = best_position(self.text, candidates, realign)
         return self.anchor
+
+    def locate_others(
+        self, piece: str, candidates: list[str], is_other: Callable[[str], bool], realign: bool
+    ) -> tuple[str, int] | None:
+        """(text, position) in the best of the `candidates` that pass `is_other`, followed
+        like `locate` (call it every step, or reset `others_anchor`)."""
+        if candidates is not self.others_of:
+            self.others_of, self.others_anchor = candidates, None
+            self.others = [c for c in candidates if is_other(c)]
+        elif self.others_anchor is not None:
+            index, position = self.others_anchor
+            if self.others[index].startswith(piece, position):
+                self.others_anchor = (index, position + len(piece))
+                return self.others[index], position + len(piece)
+        self.others_anchor = best_position(self.text, self.others, realign) \
+            if self.others else None
+        if self.others_anchor is None:
+            return None
+        return self.others[self.others_anchor[0]], self.others_anchor[1]
