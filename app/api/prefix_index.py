@@ -13,7 +13,9 @@ chains the ones before it, so equal hashes mean equal prefixes, and the index ma
   (characters of the rendered segments: the router has no tokenizer, and characters track
   tokens closely enough to decide whether a match is worth keeping);
 - bounded memory: at most `max_entries` prefixes, least recently used evicted first;
-- `drop_replica`: a replica that left (downscale, redeploy, crash) is never chosen again.
+- `drop_replica`: a replica that left (downscale, redeploy, crash) is never chosen again;
+- `affinity_decision`: that replica, or power of two choices when the match is short or that
+  replica is loaded beyond the configured imbalance.
 
 Tenants never share an entry: the tenant is part of every key and seeds every hash.
 """
@@ -23,9 +25,9 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import OrderedDict
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 
 @dataclass(frozen=True)
@@ -115,3 +117,37 @@ class TenantPrefixIndex:
 
     def replicas(self) -> set[str]:
         return {entry.replica for entry in self._entries.values()}
+
+
+Reason = Literal["affinity", "no_match", "short_match", "imbalanced"]
+
+
+@dataclass(frozen=True)
+class AffinityDecision:
+    """Where a request goes: `replica` when affinity chose it, None to fall back to power of
+    two choices; `matched`: the longest prefix's length (0 without one)."""
+
+    replica: str | None
+    matched: int
+    reason: Reason
+
+
+def affinity_decision(
+    match: PrefixMatch | None,
+    queue_lens: Mapping[str, int],
+    min_match_chars: int,
+    max_imbalance: int,
+) -> AffinityDecision:
+    """Prefer the replica holding the longest prefix, unless the match is shorter than
+    `min_match_chars` (not worth a worse-loaded replica) or that replica's queue is more than
+    `max_imbalance` requests longer than the shortest known one (load comes first then).
+    `queue_lens`: the live replicas' queue lengths that are known (an unknown one is not held
+    against affinity)."""
+    if match is None:
+        return AffinityDecision(None, 0, "no_match")
+    if match.length < min_match_chars:
+        return AffinityDecision(None, match.length, "short_match")
+    own = queue_lens.get(match.replica)
+    if own is not None and queue_lens and own - min(queue_lens.values()) > max_imbalance:
+        return AffinityDecision(None, match.length, "imbalanced")
+    return AffinityDecision(match.replica, match.length, "affinity")
