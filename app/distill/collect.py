@@ -17,8 +17,9 @@ scenarios (`agent`: load_tests/agent_scenarios.py, each conversation up to the c
 turn asks for, with its own tool choice; their tools are the ones the config's tool workers
 register, as `GET /v1/tools` lists them: `tool_listing`). Not the router's history store: it
 lives in each main replica's memory only (app/engine/history.py), by the privacy rules, and
-nothing reads it out. The loaders of load_tests/ are imported when asked for: the command runs
-from the repository root, as `ooo-spec bench` does.
+nothing reads it out. BFCL's cases come from the product's `app/datasets/bfcl.py`; the agent
+scenarios from load_tests/, imported when asked for: the command runs from the repository root
+(`python -m app.distill`), as `ooo-spec bench` does.
 
 Collection is a log (`CollectionLog`): each case's sample is appended as soon as it is done
 (or its id to the skipped list), so a stopped collection resumes where it was, and a larger
@@ -110,7 +111,7 @@ def load_cases(
     `toolsets:<category>` (that category's questions with synthetic tool sets,
     `with_distractors`), or `agent` (the agent scenarios over the tools of `listing`,
     `tool_listing`)."""
-    from load_tests.bfcl import load_bfcl
+    from app.datasets.bfcl import load_bfcl
 
     cases: list[DistillCase] = []
     for source in sources:

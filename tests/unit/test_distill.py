@@ -386,23 +386,25 @@ def test_more_pairs_are_balanced_for_training() -> None:
 def test_the_collection_runs_from_the_repository_root(
     capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
 ) -> None:
-    """The console script does not put the working folder on sys.path; the BFCL loader is in
-    load_tests/ at the repository root, so the command runs `python -m app.distill` there (no
-    sys.path edit), with its arguments as given, or says where to run from."""
+    """The command runs `python -m app.distill` with its arguments as given (no sys.path
+    edit). BFCL's cases are the product's (app/datasets/), so it runs anywhere; the `agent`
+    source's scenarios are in load_tests/ at the repository root, so with it the command says
+    where to run from."""
     import subprocess
 
     from app import cli
 
-    monkeypatch.chdir(tmp_path)
-    assert cli.main(["sidecar", "distill", "--out", str(tmp_path / "out")]) == 2
-    assert "repository root" in capfd.readouterr().err
-    root = Path(__file__).resolve().parents[2]
-    monkeypatch.chdir(root)
     ran: list[list[str]] = []
     monkeypatch.setattr(subprocess, "call", lambda command: ran.append(command) or 0)
     path_before = list(sys.path)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["sidecar", "distill", "--sources", "agent", "--out", "x"]) == 2
+    assert "repository root" in capfd.readouterr().err and ran == []
     assert cli.main(["sidecar", "distill", "--limit", "2", "--out", "x"]) == 0
     assert ran == [[sys.executable, "-m", "app.distill", "--limit", "2", "--out", "x"]]
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(root)
+    assert cli.main(["sidecar", "distill", "--sources", "agent", "--out", "x"]) == 0
     assert sys.path == path_before
     done = subprocess.run([sys.executable, "-m", "app.distill", "--help"], cwd=root,
                           capture_output=True, text=True, check=False)

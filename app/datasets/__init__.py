@@ -1,0 +1,1 @@
+"""Datasets the product itself reads (the distillation's sources); see README.md."""
