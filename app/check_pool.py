@@ -25,6 +25,7 @@ take every thread and everyone else's forced calls wait behind them. Here:
 from __future__ import annotations
 
 import asyncio
+import atexit
 import threading
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Hashable, Iterable, Mapping
@@ -58,6 +59,7 @@ class PoolState:
 
     running: dict[str, int]
     queued: dict[str, int]
+    closed: bool = False
 
 
 def pick_tenant(queued: Iterable[str], running: Mapping[str, int],
@@ -91,8 +93,23 @@ class CheckPool:
         self._last_started: dict[str, int] = {}
         self._starts = 0
         self._work: dict[tuple[str, Hashable], _Work[Any]] = {}  # queued or running
-        for i in range(workers):
-            threading.Thread(target=self._serve, name=f"{name}-{i}", daemon=True).start()
+        self._closed = False
+        self._threads = [threading.Thread(target=self._serve, name=f"{name}-{i}", daemon=True)
+                         for i in range(workers)]
+        for thread in self._threads:
+            thread.start()
+        # At exit, work still running ends first: a process that exits while xgrammar compiles
+        # in a daemon thread is aborted by the C++ runtime.
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        """Start nothing more; return once the work already running has ended."""
+        with self._wake:
+            self._closed = True
+            self._wake.notify_all()
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join()
 
     async def run(self, tenant: str, key: Hashable, work: Callable[[], T], cpu_limit_s: float,
                   max_wait_s: float) -> T:
@@ -130,7 +147,8 @@ class CheckPool:
     def state(self) -> PoolState:
         with self._lock:
             return PoolState(running=dict(self._running),
-                             queued={t: len(q) for t, q in self._queued.items()})
+                             queued={t: len(q) for t, q in self._queued.items()},
+                             closed=self._closed)
 
     # ----- bookkeeping (under the lock) ------------------------------------------------
     def _join(self, tenant: str, key: Hashable, work: Callable[[], T]) -> _Work[T]:
@@ -178,8 +196,10 @@ class CheckPool:
     def _serve(self) -> None:
         while True:
             with self._wake:
-                shared = self._next()
+                shared = None if self._closed else self._next()
                 while shared is None:
+                    if self._closed:
+                        return
                     self._wake.wait()
                     shared = self._next()
             shared.meter.start()

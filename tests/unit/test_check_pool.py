@@ -191,3 +191,19 @@ async def test_a_failure_reaches_every_waiter() -> None:
 def test_the_share_must_fit_the_pool() -> None:
     with pytest.raises(ValueError):
         CheckPool(2, 3, "test")
+
+
+async def test_closing_waits_for_running_work_and_starts_no_more() -> None:
+    pool = CheckPool(1, 1, "test")
+    log: list[str] = []
+    running, queued = Gate("running", log), Gate("queued", log)
+    first = asyncio.ensure_future(pool.run("A", "a", running, LONG, LONG))
+    await started(running)
+    never = asyncio.ensure_future(pool.run("B", "b", queued, LONG, LONG))
+    await state_becomes(pool, lambda s: s.queued == {"B": 1})
+    closing = asyncio.ensure_future(asyncio.to_thread(pool.close))
+    await state_becomes(pool, lambda s: s.closed)
+    running.open.set()
+    await closing
+    assert await first == "running" and log == ["running"]
+    never.cancel()
