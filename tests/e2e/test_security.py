@@ -3,7 +3,8 @@
 Two API keys on a side app (tests/e2e/cluster.py) bound to the session app's engines: what key
 A's call committed is never in key B's response for a near-identical question, while A's own
 repeat gets its history candidate. Then each request that would have taken a replica down or
-frozen a loop is a 400, and the app serves the next request normally."""
+frozen a loop is a 400, and the app serves the next request normally; and a schema that refers
+to a URL (a local listener's) is a 400 on every route while the listener sees no request."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pytest
 
 from app.config import LimitsConfig, RouterConfig
 from tests.e2e.cluster import GOOD, chat, delete_side_app, deploy_side_app
+from tests.http_listener import RecordingListener
 
 pytestmark = pytest.mark.e2e
 
@@ -180,3 +182,56 @@ def test_a_slow_grammar_is_a_400_and_does_not_stall_other_requests(app_url: str)
     status, elapsed, text = results["good"]
     assert status == 200, text
     assert elapsed < usual + limit + 10, (elapsed, usual)
+
+
+@pytest.fixture(scope="module")
+def listener() -> Iterator[RecordingListener]:
+    server = RecordingListener()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def remote_references(url: str) -> dict[str, tuple[str, dict[str, Any]]]:
+    """name -> (the keyword the 400 names, tool parameters referring to `url`)."""
+    key = {"type": "string"}
+    return {
+        # The reference first: a validator would resolve it before trying the string branch.
+        "dynamicRef": ("$dynamicRef", {"type": "object", "properties": {"key": {
+            "anyOf": [{"$dynamicRef": f"{url}/dynamic"}, key]}}, "required": ["key"]}),
+        "ref": ("$ref", {"type": "object", "properties": {"key": {"$ref": f"{url}/ref"}},
+                         "required": ["key"]}),
+        "dependencies-ref": ("$ref", {
+            "$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
+            "properties": {"key": key}, "required": ["key"],
+            "dependencies": {"key": {"$ref": f"{url}/dependencies"}}}),
+    }
+
+
+@pytest.mark.parametrize("name", list(remote_references("http://x")))
+def test_a_schema_reference_to_a_url_is_a_400_and_never_fetched(
+    app_url: str, listener: RecordingListener, name: str
+) -> None:
+    """Issue 29: tools (and `response_format`) whose schema refers to an `http://` URL, on
+    chat and completions. Each is refused naming the keyword, the listener the URL points at
+    sees no request, and the app serves the next request normally."""
+    keyword, parameters = remote_references(listener.url)[name]
+    as_tool = chat(app_url, with_tool(parameters), timeout=60)
+    assert as_tool.status_code == 400, as_tool.text
+    error = as_tool.json()["error"]
+    assert error["param"] == "tools" and keyword in error["message"], error
+    assert "not a local reference" in error["message"], error
+    response_format = {"type": "json_schema",
+                       "json_schema": {"name": "answer", "schema": parameters}}
+    as_output = chat(app_url, {"messages": GOOD["messages"], "response_format": response_format,
+                               "max_tokens": 16}, timeout=60)
+    assert as_output.status_code == 400, as_output.text
+    assert as_output.json()["error"]["param"] == "response_format", as_output.text
+    completion = httpx.post(f"{app_url}/v1/completions", timeout=60, json={
+        "prompt": "Answer in JSON:", "max_tokens": 16, "response_format": response_format})
+    assert completion.status_code == 400, completion.text
+    assert completion.json()["error"]["param"] == "response_format", completion.text
+    ok = chat(app_url, GOOD)
+    assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["tool_calls"]
+    assert listener.hits == []
