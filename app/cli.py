@@ -198,18 +198,9 @@ def add_config_commands(subparsers: Subparsers) -> None:
 
 def _sidecar_distill(args: argparse.Namespace) -> int:
     import subprocess
-    from pathlib import Path
 
-    # The agent scenarios (the `agent` source) live in load_tests/ at the repository root, not
-    # in the installed package: the command runs as a module, and from there `python -m`
-    # finds them (the console script puts its own folder on sys.path instead).
-    from app.distill.collect import AGENT_SOURCE
-
-    wants_agent = AGENT_SOURCE in (s.strip() for s in args.sources.split(","))
-    if not args.samples and wants_agent and not Path("load_tests", "agent_scenarios.py").is_file():
-        _to_stderr("ooo-spec: error: the agent source runs from the repository root (the "
-                   "scenarios are in load_tests/): cd there, or leave `agent` out of --sources")
-        return 2
+    # As a module, the way `python -m` runs it: from the repository root, tool modules a
+    # config lists from there (load_tests.bench_tools) import with no sys.path edit.
     return subprocess.call([sys.executable, "-m", "app.distill", *args.distill_argv])
 
 
@@ -223,8 +214,7 @@ def add_sidecar_commands(subparsers: Subparsers) -> None:
         help="collect the main model's calls, train a LoRA adapter on the sidecar model",
         description="Collect the main model's committed calls on BFCL categories the benchmark "
         "does not measure, render them as the sidecar's slot prompts, train a LoRA adapter "
-        "(PEFT, seeded, resumable) and report held-out agreement before and after. The "
-        "`agent` source runs from the repository root (its scenarios are in load_tests/). See "
+        "(PEFT, seeded, resumable) and report held-out agreement before and after. See "
         "app/distill/README.md.",
     )
     command.add_arguments(distill)

@@ -10,7 +10,7 @@ pre-execution) and `ooo+tools`
 BFCL's tools are unknown to the server). Modes live in `MODES`; add one with `register_mode`.
 
 Datasets: BFCL categories (`bfcl:simple_python,multiple,...`), the multi-turn agent scenario set
-(`agent`, load_tests/agent_scenarios.py), and BFCL's multi-turn conversations replayed call by
+(`agent`, app/datasets/agent_scenarios.py), and BFCL's multi-turn conversations replayed call by
 call (`bfcl-multi:multi_turn_base`, load_tests/bfcl_multi.py; `--limit` counts conversations),
 reported per call, by position in the conversation and per conversation. The `auto` dataset asks
 the same questions with `tool_choice: auto`, as agent frameworks do (`bfcl-auto:<category>`,
@@ -54,8 +54,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from app.datasets.agent_scenarios import AgentCase
 from app.speculation.canonical import Invocation, canonical_invocation
-from load_tests.agent_scenarios import AgentCase
 from load_tests.bfcl import CORE_CATEGORIES, SUPPORTED_CATEGORIES, BfclCase, load_bfcl, score_calls
 from load_tests.bfcl_multi import MULTI_CATEGORIES, MultiTurnStep, load_bfcl_multi, score_step
 
@@ -239,7 +239,7 @@ def register_dataset(name: str, description: str,
 register_dataset("bfcl", "BFCL v4 single-turn questions, tool_choice required",
                  SUPPORTED_CATEGORIES)
 register_dataset(AGENT_SOURCE, "the multi-turn agent scenarios on the server's demo and bench "
-                 "tools (load_tests/agent_scenarios.py)")
+                 "tools (app/datasets/agent_scenarios.py)")
 register_dataset(BFCL_AUTO, "the BFCL questions with tool_choice auto (the model may answer "
                  "in text)", SUPPORTED_CATEGORIES)
 register_dataset(AGENT_AUTO, "the agent scenarios with tool_choice auto")
@@ -321,7 +321,7 @@ def load_cases(
     """Cases of every spec, in order. The agent set takes its tool definitions from the
     server (`server_tools()`: the `data` of `GET /v1/tools`), so it needs that callable.
     `conversations` bounds the bfcl-multi sets (default: `limit`)."""
-    from load_tests.agent_scenarios import load_agent_cases
+    from app.datasets.agent_scenarios import load_agent_cases
 
     cases: list[Case] = []
     for spec in specs:

@@ -6,19 +6,19 @@ so a right prediction starts it while the main model still decodes. configs/benc
 this module under `tools:` beside `app.tools.builtin`, and so does the tests' app
 (tests/conftest.py); the replicas import it from the repository root, which
 `deployments/local.py` puts on their PYTHONPATH. The agent scenario set
-(load_tests/agent_scenarios.py) quotes what it returns.
+(app/datasets/agent_scenarios.py) quotes what it returns.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import math
 import os
 from typing import Annotated, Any
 
 from pydantic import Field
 
+from app.datasets.agent_scenarios import lookup_value
 from app.tools.registry import tool
 
 SLOW_TOOL_ENV = "OOO_SPEC_SLOW_TOOL_MS"
@@ -36,11 +36,6 @@ def slow_tool_delay_s() -> float:
     if not math.isfinite(ms) or ms < 0:
         raise ValueError(f"{SLOW_TOOL_ENV}={raw!r} must be a non-negative number")
     return ms / 1000.0
-
-
-def lookup_value(key: str) -> str:
-    """What `slow_lookup` returns as `value` for `key`."""
-    return hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
 
 
 @tool(idempotent=True, timeout_s=30.0)

@@ -13,13 +13,12 @@ question is ever trained on), among them the retired executable categories (`exe
 `exec_multiple`, ...: Python functions like the measured ones'), and synthetic tool sets
 (`toolsets:<category>`: each question with its own tools plus a few other questions' JSON
 Schemas, so the main model chooses among tools it was not asked about), and the agent
-scenarios (`agent`: load_tests/agent_scenarios.py, each conversation up to the call its last
+scenarios (`agent`: app/datasets/agent_scenarios.py, each conversation up to the call its last
 turn asks for, with its own tool choice; their tools are the ones the config's tool workers
 register, as `GET /v1/tools` lists them: `tool_listing`). Not the router's history store: it
 lives in each main replica's memory only (app/engine/history.py), by the privacy rules, and
-nothing reads it out. BFCL's cases come from the product's `app/datasets/bfcl.py`; the agent
-scenarios from load_tests/, imported when asked for: the command runs from the repository root
-(`python -m app.distill`), as `ooo-spec bench` does.
+nothing reads it out. Both datasets are the product's own (`app/datasets/`), never the
+benchmark's.
 
 Collection is a log (`CollectionLog`): each case's sample is appended as soon as it is done
 (or its id to the skipped list), so a stopped collection resumes where it was, and a larger
@@ -51,7 +50,7 @@ DEFAULT_SOURCES = ("bfcl:exec_simple", "bfcl:exec_multiple", "bfcl:exec_parallel
                    "bfcl:live_simple", "bfcl:live_multiple", "toolsets:exec_simple",
                    "toolsets:parallel", "toolsets:live_simple")
 MAX_TOKENS = 256  # the benchmark's
-AGENT_SOURCE = "agent"  # load_tests/agent_scenarios.py's SOURCE
+AGENT_SOURCE = "agent"  # app/datasets/agent_scenarios.py's SOURCE
 # Tools added to a question's own in a synthetic tool set: BFCL's `multiple` offers 2 to 4.
 MAX_DISTRACTORS = 3
 
@@ -96,7 +95,7 @@ async def tool_listing(config: AppConfig) -> list[dict[str, Any]]:
 def agent_cases(listing: Sequence[dict[str, Any]], limit: int | None) -> list[DistillCase]:
     """The agent scenarios, up to `limit`, over the tools of `listing`, each with its own
     tool choice."""
-    from load_tests.agent_scenarios import load_agent_cases
+    from app.datasets.agent_scenarios import load_agent_cases
 
     return [DistillCase(id=c.id, source=AGENT_SOURCE, messages=c.messages, tools=c.tools,
                         tool_choice=c.tool_choice)

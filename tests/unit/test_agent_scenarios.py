@@ -1,4 +1,4 @@
-"""The agent scenario set (load_tests/agent_scenarios.py) against the real demo tool registry:
+"""The agent scenario set (app/datasets/agent_scenarios.py) against the real demo tool registry:
 every scenario becomes a request the server accepts, offers the server's own schemas (narrowed
 where asked), and its history quotes what the tools really return."""
 
@@ -9,10 +9,7 @@ from typing import Any
 
 import pytest
 
-from app.openai_models import ChatCompletionRequest
-from app.speculation.validation import validate_arguments
-from app.tools.registry import ToolRegistry, ToolSpec
-from load_tests.agent_scenarios import (
+from app.datasets.agent_scenarios import (
     KEYS,
     SCENARIOS,
     AgentCase,
@@ -20,6 +17,9 @@ from load_tests.agent_scenarios import (
     load_agent_cases,
     request_tool,
 )
+from app.openai_models import ChatCompletionRequest
+from app.speculation.validation import validate_arguments
+from app.tools.registry import ToolRegistry, ToolSpec
 from load_tests.bench_tools import SLOW_TOOL_ENV, lookup_value
 
 # What the example MCP server lists (its tools are not importable Python functions).

@@ -1,4 +1,5 @@
-"""A small multi-turn agent scenario set on the server's demo and bench tools (`agent` dataset).
+"""A small multi-turn agent scenario set on the server's demo and bench tools: the bench's
+`agent` dataset, and a source of the sidecar's distillation (`app/distill/collect.py`).
 
 Each scenario is a conversation that already went on for a turn or two (earlier calls and their
 results are in the history) and ends with a user request the server answers with
@@ -19,19 +20,24 @@ schema is still one the server's tool accepts.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from load_tests.bench_tools import lookup_value
-
 SOURCE = "agent"
 CATEGORY = "agent"
 SYSTEM = "You are a helpful assistant. Use the tools to answer; keep answers short."
 KEYS = ["paris", "london", "tokyo", "berlin", "nairobi"]
 COUNTRIES = ["France", "Japan", "Kenya", "Canada", "Brazil"]
+
+
+def lookup_value(key: str) -> str:
+    """What the bench tool `slow_lookup` (load_tests/bench_tools.py) answers as `value` for
+    `key`: the scenarios' earlier results are its answers."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
 
 
 class AgentCase(BaseModel):
