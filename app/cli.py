@@ -216,6 +216,7 @@ def add_sidecar_commands(subparsers: Subparsers) -> None:
         "does not measure, render them as the sidecar's slot prompts, train a LoRA adapter "
         "(PEFT, seeded, resumable) and report held-out agreement before and after. See "
         "app/distill/README.md.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     command.add_arguments(distill)
     distill.set_defaults(func=_sidecar_distill)

@@ -73,12 +73,14 @@ def main(argv: list[str] | None = None) -> int:
     from app.config import SidecarConfig
 
     choices = get_args(SidecarConfig.model_fields["choice_prompt"].annotation)
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--bench", required=True, type=Path,
                         help="a bench run's JSON with plain's records on `multiple`")
-    parser.add_argument("--config", default="configs/bench.yaml")
-    parser.add_argument("--limit", type=int, default=100)
-    parser.add_argument("--settings", default=",".join(choices))
+    parser.add_argument("--config", default="configs/bench.yaml", help="Serve config measured")
+    parser.add_argument("--limit", type=int, default=100, help="cases")
+    parser.add_argument("--settings", default=",".join(choices),
+                        help="sidecar.choice_prompt settings compared, comma-separated")
     args = parser.parse_args(argv)
     settings = args.settings.split(",")
     unknown = [s for s in settings if s not in choices]

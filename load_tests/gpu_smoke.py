@@ -160,7 +160,8 @@ def run(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--config", default=SMOKE_CONFIG, help="Serve config to start")
     parser.add_argument("--base-url", default=None,
                         help="test a server that is already running instead of starting one")

@@ -55,13 +55,15 @@ def measure(setting: str, adapter: str, pairs_file: Path, batch: int, tokens: in
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--adapter", required=True)
-    parser.add_argument("--pairs", required=True, type=Path)
-    parser.add_argument("--batch", type=int, default=5)
-    parser.add_argument("--tokens", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--settings", default=",".join(SETTINGS))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--adapter", required=True, help="the LoRA adapter's folder")
+    parser.add_argument("--pairs", required=True, type=Path, help="pairs (JSON Lines) to time")
+    parser.add_argument("--batch", type=int, default=5, help="requests per batch")
+    parser.add_argument("--tokens", type=int, default=8, help="tokens per request")
+    parser.add_argument("--rounds", type=int, default=8, help="timed rounds per setting")
+    parser.add_argument("--settings", default=",".join(SETTINGS),
+                        help="settings compared, comma-separated")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # the child process: one setting
     args = parser.parse_args(argv)
     if args.one:

@@ -198,9 +198,11 @@ def load_tokenizer() -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, nargs="+", default=[1, 16, 64, 256])
-    parser.add_argument("--steps", type=int, default=100)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 16, 64, 256],
+                        help="batch sizes timed")
+    parser.add_argument("--steps", type=int, default=100, help="steps per batch size")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args(argv)
     tokenizer = load_tokenizer()

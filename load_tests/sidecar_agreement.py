@@ -155,13 +155,15 @@ def report(tallies: dict[tuple[str, bool], Tally], adapters: Sequence[bool]) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--bench", required=True, type=Path,
                         help="a bench run's JSON with plain's records on the categories")
     parser.add_argument("--config", required=True,
                         help="a Serve config: its sidecar settings (and adapter) are measured")
-    parser.add_argument("--categories", default="simple_python,multiple")
-    parser.add_argument("--limit", type=int, default=100)
+    parser.add_argument("--categories", default="simple_python,multiple",
+                        help="BFCL categories, comma-separated")
+    parser.add_argument("--limit", type=int, default=100, help="cases per category")
     parser.add_argument("--adapters", choices=("both", "on", "off"), default="both",
                         help="predict with the config's adapter, without it, or both")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

@@ -390,24 +390,29 @@ def print_summary(summary: dict[str, Any], rss: list[dict[str, Any]], bound_mib:
         say(f"  problem x{count}: {problem}")
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults from the parser itself; the description as laid out."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m load_tests.soak", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--duration", type=float, default=300, help="seconds (default 300)")
-    parser.add_argument("--clients", type=int, default=16, help="concurrent clients (16)")
+                                     formatter_class=_HelpFormatter)
+    parser.add_argument("--duration", type=float, default=300, help="seconds")
+    parser.add_argument("--clients", type=int, default=16, help="concurrent clients")
     parser.add_argument("--bad-fraction", type=float, default=0.3,
-                        help="share of bad requests (default 0.3)")
-    parser.add_argument("--base-url", default=None, help="server to soak (default: --port)")
-    parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+                        help="share of bad requests")
+    parser.add_argument("--base-url", default=None, help="server to soak (None: --port)")
+    parser.add_argument("--port", type=int, default=8000, help="port")
     parser.add_argument("--start", action="store_true",
                         help="start the app from --config on --port first, stop it at the end")
-    parser.add_argument("--config", default="configs/local.yaml")
+    parser.add_argument("--config", default="configs/local.yaml",
+                        help="Serve config for --start")
     parser.add_argument("--rss-growth-mib", type=float, default=256,
-                        help="allowed RSS growth per process after the warm-up (default 256)")
+                        help="allowed RSS growth per process after the warm-up")
     parser.add_argument("--warmup", type=float, default=60,
-                        help="seconds before the RSS baseline is taken (default 60)")
+                        help="seconds before the RSS baseline is taken")
     parser.add_argument("--sample-every", type=float, default=5.0, help="RSS period, seconds")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the request mix")
     parser.add_argument("--json", default=None, help="also write the summary here")
     return parser
 

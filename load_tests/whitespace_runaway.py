@@ -107,11 +107,14 @@ async def measure(limit: int, max_tokens: int, max_indent: int) -> list[CaseResu
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--limit", type=int, default=100, help="cases per category")
-    parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument("--max-indent", type=int, default=32)
-    parser.add_argument("--out", type=Path, default=Path("bench_out/whitespace.json"))
+    parser.add_argument("--max-tokens", type=int, default=256, help="max_tokens per request")
+    parser.add_argument("--max-indent", type=int, default=32,
+                        help="main.json_max_indent of the bounded grammar")
+    parser.add_argument("--out", type=Path, default=Path("bench_out/whitespace.json"),
+                        help="the results (JSON)")
     args = parser.parse_args()
     results = asyncio.run(measure(args.limit, args.max_tokens, args.max_indent))
     summaries = [summarize(results, g) for g in ("any", "bounded")]

@@ -17,6 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Collect the main model's committed calls, render them as the sidecar's "
         "slot prompts, train a LoRA adapter on the sidecar model and report held-out "
         "agreement before and after (app/distill/README.md).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     command.add_arguments(parser)
     return parser

@@ -140,10 +140,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from app.distill.train import TARGET_MODULES
 
     parser.add_argument("--config", default="configs/local.yaml",
-                        help="Serve config whose main and sidecar engines are distilled "
-                        "(default: configs/local.yaml)")
-    parser.add_argument("--out", default="distill_out", help="output folder (default: "
-                        "distill_out; a rerun resumes from what is there)")
+                        help="Serve config whose main and sidecar engines are distilled")
+    parser.add_argument("--out", default="distill_out",
+                        help="output folder (a rerun resumes from what is there)")
     parser.add_argument("--samples", default=None,
                         help="collected samples (JSON Lines) to use instead of collecting")
     parser.add_argument("--sources", default=",".join(DEFAULT_SOURCES),
@@ -152,28 +151,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "own tools plus other questions'), agent (the agent scenarios, over "
                         "the tools this config's tool workers register); the benchmark's "
                         "simple_python and multiple are refused")
-    parser.add_argument("--limit", type=int, default=40, help="cases per source (default 40)")
+    parser.add_argument("--limit", type=int, default=40, help="cases per source")
     parser.add_argument("--concurrency", type=int, default=4,
                         help="requests the main engine decodes at once while collecting")
     parser.add_argument("--kinds", default=",".join(DEFAULT_KINDS),
                         help="pair kinds to train on: name (with sidecar.lora.tool_choice), "
                         "slot, refill (slots after the values before them, as sidecar.waves "
-                        "serves them), more, call (default slot,more)")
+                        "serves them), more, call")
     parser.add_argument("--held-out", type=float, default=0.2,
                         help="share of the cases held out for the agreement report")
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--learning-rate", type=float, default=5e-4)
-    parser.add_argument("--rank", type=int, default=16, choices=(8, 16, 32, 64))
+    parser.add_argument("--steps", type=int, default=300, help="training steps")
+    parser.add_argument("--batch-size", type=int, default=8, help="pairs per step")
+    parser.add_argument("--learning-rate", type=float, default=5e-4, help="AdamW's, constant")
+    parser.add_argument("--rank", type=int, default=16, choices=(8, 16, 32, 64),
+                        help="the LoRA rank (alpha is twice it)")
     parser.add_argument("--layers", type=int, default=8,
-                        help="top decoder layers that carry the adapter (default 8; 0: all). "
-                        "The layers below are run once per pair, not at every step")
+                        help="top decoder layers that carry the adapter (0: all). The layers "
+                        "below are run once per pair, not at every step")
     parser.add_argument("--modules", default=",".join(TARGET_MODULES),
-                        help="linear layers of each adapted layer that carry the adapter "
-                        f"(default {','.join(TARGET_MODULES)}: on CPU each one vLLM wraps "
-                        "costs the sidecar time)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--checkpoint-every", type=int, default=50)
+                        help="linear layers of each adapted layer that carry the adapter (on "
+                        "CPU each one vLLM wraps costs the sidecar time)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seeds the split, the batch order and the adapter's weights")
+    parser.add_argument("--checkpoint-every", type=int, default=50,
+                        help="steps between checkpoints")
     parser.add_argument("--trainer", choices=("local", "ray"), default="local",
                         help="local: this process; ray: a Ray Train job (TorchTrainer) on the "
                         "Ray cluster this machine is connected to (RAY_ADDRESS) or a local one")

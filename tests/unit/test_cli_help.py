@@ -4,23 +4,57 @@ and every default, from the parsers themselves (issue 33: no hand-kept list that
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
+import inspect
+import re
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 
+import load_tests
 from app import cli
 from load_tests import bench, concurrency
 
 
 def flat(text: str) -> str:
-    return " ".join(text.split())
+    """One line: argparse wraps lines, also right after a hyphen (`configs/gpu-` + newline)."""
+    return " ".join(re.sub(r"-\n\s+", "-", text).split())
 
 
 def defaults_shown(parser: argparse.ArgumentParser) -> list[str]:
-    """The options whose default the help does not show."""
-    text = flat(parser.format_help())
+    """The options the help does not describe with their default (`--help` itself aside, and
+    hidden ones)."""
+    # Without any whitespace: argparse wraps long defaults anywhere, even inside a word.
+    text = "".join(parser.format_help().split())
     return [action.dest for action in parser._actions
-            if action.default is not argparse.SUPPRESS and action.help
-            and f"(default: {action.default})" not in text]
+            if action.option_strings and not isinstance(action, argparse._HelpAction)
+            and action.help is not argparse.SUPPRESS
+            and not (action.help and "".join(f"(default: {action.default})".split()) in text)]
+
+
+class _Built(Exception):
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        self.parser = parser
+
+
+def parser_of(module: ModuleType, monkeypatch: pytest.MonkeyPatch) -> argparse.ArgumentParser:
+    """The parser a command's `main` builds, stopped where it would parse."""
+    def built(self: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        raise _Built(self)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", built)
+    with pytest.raises(_Built) as caught:
+        module.main(*([[]] if inspect.signature(module.main).parameters else []))
+    return caught.value.parser
+
+
+# Every command of load_tests/ (found by its `main`) and the distillation's.
+COMMANDS = sorted(
+    name for name in (f"load_tests.{p.stem}" for p in Path(load_tests.__file__).parent.glob("*.py"))
+    if "argparse" in Path(importlib.util.find_spec(name).origin or "").read_text(encoding="utf-8")
+) + ["app.distill.__main__"]
 
 
 def listed(help_text: str, name: str) -> bool:
@@ -59,10 +93,15 @@ def test_every_listed_mode_and_dataset_parses() -> None:
         assert bench.parse_dataset_spec(spec)[0].source == source.name
 
 
-@pytest.mark.parametrize("parser", [bench.build_parser(), concurrency.build_parser()],
-                         ids=["bench", "concurrency"])
-def test_help_shows_every_default(parser: argparse.ArgumentParser) -> None:
-    assert defaults_shown(parser) == []
+@pytest.mark.parametrize("name", COMMANDS)
+def test_every_command_describes_every_option_with_its_default(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert defaults_shown(parser_of(importlib.import_module(name), monkeypatch)) == []
+
+
+def test_the_commands_are_found() -> None:
+    assert {"load_tests.bench", "load_tests.concurrency", "load_tests.soak"} <= set(COMMANDS)
 
 
 def test_concurrency_help_lists_its_modes_and_categories() -> None:
