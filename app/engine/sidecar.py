@@ -34,7 +34,6 @@ from typing import Any
 from app.config import AppConfig
 from app.engine import slot_filling
 from app.engine.grammar_check import GrammarCheck, check_pool, tokenizer_info
-from app.engine.history import ANONYMOUS_TENANT
 from app.engine.pass_ledger import count_passes
 from app.engine.tool_format import (
     ParsedCall,
@@ -48,6 +47,7 @@ from app.engine.vllm_engine import CACHE_SALT, USE_ADAPTER, GenerationResult, Vl
 from app.openai_models import ChatCompletionRequest
 from app.speculation.prediction import PredictedCall, Prediction
 from app.speculation.tool_union import NO_CALL_NAME, invocation_union_schema
+from app.tenancy import ANONYMOUS_TENANT
 
 logger = logging.getLogger(__name__)
 

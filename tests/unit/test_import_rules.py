@@ -182,6 +182,21 @@ def test_the_checks_see_a_violation(tmp_path: Path) -> None:
         assert edits_sys_path(file), edit
 
 
+def test_shared_names_come_from_their_own_module() -> None:
+    """One home per concept: the tenant names from app/tenancy.py, the cache folder from
+    app/home.py, never through a module that merely imports them."""
+    homes = {"ANONYMOUS_TENANT": "app.tenancy", "TENANT_KEY": "app.tenancy",
+             "model_home": "app.home"}
+    found = []
+    for path in [*product_files(), *(ROOT / "load_tests").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                found += [f"{module_name(path)}: {alias.name} from {node.module}"
+                          for alias in node.names
+                          if alias.name in homes and node.module != homes[alias.name]]
+    assert found == []
+
+
 def test_a_circle_is_found() -> None:
     graph = {"app.distill.train": {"app.distill.ray_job"},
              "app.distill.ray_job": {"app.distill.train"},
