@@ -460,18 +460,6 @@ class LimitsConfig(_Strict):
         "`top_logprobs`, or `logprobs` on /v1/completions): each is a token the router "
         "decodes and sends; 2,048 tokens x 20 alternatives fit, 8 such choices do not.",
     )
-    max_request_tokens: int = Field(
-        16_384, ge=1,
-        description="Tokens one request may make the main model generate over all its choices "
-        "(choices x `max_tokens`; a request without `max_tokens` counts the server's ceiling, "
-        "`router.default_max_tokens` or `max_tokens` above): `n` multiplies decoding work.",
-    )
-    max_logprob_entries: int = Field(
-        65_536, ge=1,
-        description="Logprob entries one request may ask for (choices x `max_tokens` x "
-        "`top_logprobs`, or `logprobs` on /v1/completions): each is a token the router "
-        "decodes and sends; 2,048 tokens x 20 alternatives fit, 8 such choices do not.",
-    )
     max_total_schema_bytes: int = Field(
         262_144, ge=256,
         description="All tool schemas of one request together, as compact JSON.",
@@ -515,6 +503,17 @@ class LimitsConfig(_Strict):
         description="Longest a request waits on either check above, however little CPU time "
         "it has had (a machine so loaded the check hardly runs, or every check thread busy); "
         "past it the same 400.",
+    )
+    check_threads: int = Field(
+        4, ge=1, le=64,
+        description="Threads of a replica's check pool (app/check_pool.py), in which the "
+        "grammar checks run: bounded, shared by identical requests, fair between tenants.",
+    )
+    check_threads_per_tenant: int = Field(
+        1, ge=1,
+        description="Most of the check pool's threads one tenant (API key; anonymous callers "
+        "are one tenant) holds at once, a refused compile that still runs included: one "
+        "tenant's slow schemas leave the other threads to the others.",
     )
 
 
@@ -584,17 +583,6 @@ class FaultInjectionConfig(_Strict):
 class ToolOverride(_Strict):
     """Operator's correction of one registered tool's flags; unset fields keep the tool's own."""
 
-    check_threads: int = Field(
-        4, ge=1, le=64,
-        description="Threads of a replica's check pool (app/check_pool.py), in which the "
-        "grammar checks run: bounded, shared by identical requests, fair between tenants.",
-    )
-    check_threads_per_tenant: int = Field(
-        1, ge=1,
-        description="Most of the check pool's threads one tenant (API key; anonymous callers "
-        "are one tenant) holds at once, a refused compile that still runs included: one "
-        "tenant's slow schemas leave the other threads to the others.",
-    )
     idempotent: bool | None = Field(
         None,
         description="Running the tool twice with the same arguments is as safe as running it "
