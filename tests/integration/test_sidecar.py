@@ -75,7 +75,7 @@ def test_the_verifying_pass_answers_one_call_of_the_chosen_tool(sidecar: Sidecar
     assert prediction.error is None
     [[call]] = prediction.candidates
     assert validate_arguments(call.arguments, schemas[call.name]) == []
-    # The passes it reports are the engine's: the verifying pass adds sequential ones.
+    # The passes it reports are its own requests' (pass_ledger.py): verifying adds sequential ones.
     slots_only = asyncio.run(sidecar.predict(request(PROMPTS[2])))
     assert 0 < slots_only.passes < prediction.passes
 
