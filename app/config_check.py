@@ -650,8 +650,10 @@ def _check_baseline_hardware(
 
 
 def _platform(actor: ActorOptions) -> Platform:
-    # Ray hides the GPUs from a replica that reserved none, so vLLM's CUDA platform is exactly
-    # the replicas with num_gpus > 0 (app/engine/engine_args.py: detect_platform).
+    # A replica that reserved GPUs runs on CUDA. One that reserved none is placed (pool
+    # resources) on CPU nodes, where NVML, which decides the platform like vLLM
+    # (engine_args.detect_platform), sees no GPU; on a GPU node it would take CUDA with no
+    # device visible to it, so engine deployments there reserve their GPUs.
     return "cuda" if actor.num_gpus > 0 else "cpu"
 
 

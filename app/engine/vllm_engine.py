@@ -194,6 +194,8 @@ class VllmEngine:
         self.model_path = ""
         self.launch: EngineLaunch | None = None
         self._build_error: BaseException | None = None
+        # Serves the store to a tensor-parallel engine's worker processes (None: in-process).
+        self._store_server: Any = None
 
     # ----- lifecycle -------------------------------------------------------------------
     def start(self) -> None:
@@ -250,19 +252,27 @@ class VllmEngine:
             from app.engine.candidate_proposer import bind_proposer
             from app.engine.draft_policy import DraftPolicy
 
-            bound = self.engine.collective_rpc(
-                bind_proposer,
-                args=(
-                    self.store,
-                    self.tokenizer,
-                    self.speculation.prompt_lookup_fallback,
-                    self.speculation.prompt_lookup_min,
-                    self.speculation.prompt_lookup_max,
-                    DraftPolicy.from_config(self.speculation, self.launch.platform),
-                ),
+            settings = (
+                self.tokenizer,
+                self.speculation.prompt_lookup_fallback,
+                self.speculation.prompt_lookup_min,
+                self.speculation.prompt_lookup_max,
+                DraftPolicy.from_config(self.speculation, self.launch.platform),
             )
+            if self.cfg.tensor_parallel_size > 1:
+                # The ranks are worker processes: the output rank's proposer reads this store
+                # through a local socket (app/engine/candidate_channel.py).
+                from app.engine.candidate_channel import StoreServer, bind_remote_proposer
+
+                self._store_server = StoreServer(self.store)
+                bound = self.engine.collective_rpc(
+                    bind_remote_proposer,
+                    args=(self._store_server.address, self._store_server.authkey, *settings),
+                )
+            else:
+                bound = self.engine.collective_rpc(bind_proposer, args=(self.store, *settings))
             if not all(bound):
-                raise EngineError("the candidate proposer is not reachable in-process")
+                raise EngineError("the candidate proposer is not reachable from the replica")
 
     def _run(self, ready: threading.Event) -> None:
         try:
@@ -286,6 +296,9 @@ class VllmEngine:
             # whichever engine was started in this process after this one.
             engine, self.engine = self.engine, None
             engine.engine_core.shutdown()
+        if self._store_server is not None:
+            self._store_server.close()
+            self._store_server = None
 
     def swap_adapter(self, path: str) -> None:
         """Serve the adapter at `path` from the next request on, without rebuilding the engine:
