@@ -1,4 +1,5 @@
-"""`Router` deployment: the OpenAI-compatible HTTP ingress (FastAPI).
+"""`Router` deployment: the OpenAI-compatible HTTP ingress (FastAPI), Serve glue around
+`app.api.request_flow.RequestFlow`, which each POST route calls once per request.
 
 Fans each request out to the Sidecar and the MainModel at the same moment: the sidecar call's
 `ObjectRef` is handed to the main call inside a list, so the main replica receives the
@@ -16,11 +17,10 @@ itself for calls already running on a replica.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import ray
@@ -33,27 +33,16 @@ from starlette.types import Receive, Scope, Send
 
 from app import telemetry
 from app.api.agent_loop import SidecarStart
-from app.api.auth import ApiKeys, Caller, ConcurrencyLimiter, Slot
-from app.api.chat_service import (
-    ChatService,
-    choice_requests,
-    merge_completions,
-    stream_sse,
-)
-from app.api.completions import CompletionRequest, CompletionService
+from app.api.auth import ApiKeys, Caller
+from app.api.chat_service import ChatService
+from app.api.completions import CompletionService
 from app.api.errors import ApiError, describe_validation_errors, error_body
-from app.api.limits import deadline_error, read_limited, with_deadline
 from app.api.pre_execution import ToolPolicy
-from app.api.request_checks import ROUTES, Bounds, Checked, run_checks
-from app.api.responses import ResponseBuilder, ResponsesRequest, stream_events
+from app.api.request_flow import Incoming, JsonReply, Reply, RequestFlow
 from app.api.sidecar_gate import SidecarGate
-from app.api.work import WorkPlan
 from app.config import load_config
-from app.engine.tool_formats import get_format
 from app.engine.turn import TurnError, TurnEvent
-from app.openai_models import ChatCompletionRequest
 from app.speculation.prediction import Prediction
-from app.tenancy import TENANT_KEY
 from app.tools.registry import DEFAULT_TIMEOUT_S, ToolResult, ToolSpec
 from deployments.metrics import ServeMetrics
 
@@ -156,75 +145,15 @@ class ClosingStream(StreamingResponse):
             await self.on_close()
 
 
-def _owning_stream(
-    content: Any, streams: Sequence[AsyncGenerator[Any, None]], release: Callable[[], None]
-) -> ClosingStream:
-    """An SSE response that owns the caller's concurrency slot: once it ends, however it
-    ends, every stream in `streams` is closed (in order) and the slot released."""
-
-    async def close() -> None:
-        try:
-            for stream in streams:
-                await stream.aclose()
-        finally:
-            release()
-
-    return ClosingStream(content, close, media_type="text/event-stream")
+def _incoming(raw: Request) -> Incoming:
+    # The route's path template, the key of its checks in app/api/request_checks.ROUTES.
+    return Incoming(raw.scope["route"].path, raw.headers, raw.stream())
 
 
-async def _prefetched(events: AsyncIterator[Any]) -> AsyncGenerator[Any, None]:
-    """`events` with its first item already awaited, so an error that comes before any output
-    (messages longer than the context, the main model down) gets its own HTTP status rather
-    than an in-band error after a 200."""
-    first = await anext(events)
-
-    async def replay() -> AsyncGenerator[Any, None]:
-        yield first
-        async for item in events:
-            yield item
-
-    return replay()
-
-
-async def _all_prefetched(
-    streams: Sequence[AsyncIterator[Any]],
-) -> list[AsyncGenerator[Any, None]]:
-    """`_prefetched` for every choice at once; if one fails, all are closed."""
-    results = await asyncio.gather(*(_prefetched(s) for s in streams), return_exceptions=True)
-    failed = next((r for r in results if isinstance(r, BaseException)), None)
-    if failed is not None:
-        for stream, result in zip(streams, results, strict=True):
-            if not isinstance(result, BaseException):
-                await result.aclose()
-            closer = getattr(stream, "aclose", None)
-            if closer is not None:
-                await closer()
-        raise failed
-    return [r for r in results if not isinstance(r, BaseException)]
-
-
-async def _all_finals(
-    choices: Sequence[AsyncIterator[tuple[str, dict[str, Any]]]],
-) -> list[dict[str, Any]]:
-    """Every choice's completion; the first failure stops the others and is raised."""
-    if len(choices) == 1:
-        return [await _final(choices[0])]
-    try:
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(_final(events)) for events in choices]
-    except BaseExceptionGroup as grouped:
-        raise grouped.exceptions[0] from None
-    return [task.result() for task in tasks]
-
-
-async def _final(events: AsyncIterator[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
-    """The completion at the end of one choice's events."""
-    completion: dict[str, Any] | None = None
-    async for kind, event in events:
-        if kind == "final":
-            completion = event
-    assert completion is not None
-    return completion
+def _http(reply: Reply) -> JSONResponse | StreamingResponse:
+    if isinstance(reply, JsonReply):
+        return JSONResponse(reply.body)
+    return ClosingStream(reply.chunks, reply.close, media_type="text/event-stream")
 
 
 async def _release_on_arrival(ref: Any, release: Callable[[], None]) -> None:
@@ -236,39 +165,6 @@ async def _release_on_arrival(ref: Any, release: Callable[[], None]) -> None:
         pass
     finally:
         release()
-
-
-class _Admission:
-    """One admitted POST: the caller, its checked request, and its concurrency slot. The slot
-    is released when the route returns, unless a stream takes it over (`hand_over`) to release
-    at its end."""
-
-    def __init__(self, caller: Caller, slot: Slot) -> None:
-        self.caller = caller
-        self.checked: Checked[Any] | None = None
-        self._slot: Slot | None = slot
-
-    def request(self, model: type[Any]) -> Any:
-        assert self.checked is not None
-        return self.checked.of(model)
-
-    def checked_chat(self) -> ChatCompletionRequest:
-        assert self.checked is not None
-        return self.checked.ask.chat
-
-    def hold(self, engine_requests: int) -> None:
-        """The slot grown to what the checked request may start (a 429 when it does not fit)."""
-        assert self._slot is not None
-        self._slot.resize(engine_requests)
-
-    def hand_over(self) -> Callable[[], None]:
-        assert self._slot is not None
-        held, self._slot = self._slot, None
-        return held.release
-
-    def release(self) -> None:
-        if self._slot is not None:
-            self._slot.release()
 
 
 @serve.deployment(name="Router")
@@ -308,37 +204,14 @@ class Router:
         )
         self.text = CompletionService(self.config.main.engine.served_model_name)
         telemetry.setup_tracing("router")
-        self.keys = ApiKeys.from_config(self.config.auth, os.environ)
-        self.limiter = ConcurrencyLimiter(self.config.auth.retry_after_s)
-        self.bounds = Bounds(
-            self.config.limits, self.config.router.max_body_bytes,
-            self.config.main.engine.max_model_len, self.config.router.default_max_tokens,
-            WorkPlan(self.config.sidecar.mode == "slots", self.config.limits.max_sidecar_slots)
-            if sidecar is not None else None,
-        )
+        # The request logic, called once per POST (app/api/request_flow.py).
+        self.flow = RequestFlow(self.config, ApiKeys.from_config(self.config.auth, os.environ),
+                                self.chat, self.text, self._start_sidecar, self._main_events,
+                                sidecar_deployed=sidecar is not None)
         self.started = time.time()
 
-    @contextlib.asynccontextmanager
-    async def _admitted(self, raw: Request) -> AsyncIterator[_Admission]:
-        """Every POST route's preamble: the key and one engine request of its concurrency
-        limit first (nothing else, not even the body, for a refused caller), then the body
-        under `router.max_body_bytes`, the route's request checks (app/api/request_checks.py,
-        off the event loop), and the slot grown to the engine requests the request may start
-        (app/api/work.py)."""
-        caller = self._authorize(raw)
-        route = ROUTES[raw.scope["route"].path]  # every POST route has its checks there
-        admission = _Admission(caller, self.limiter.acquire(caller))
-        try:
-            body = await read_limited(
-                raw.stream(), raw.headers.get("content-length"), self.config.router.max_body_bytes)
-            admission.checked = await run_checks(route, body, self.bounds)
-            admission.hold(admission.checked.engine_requests)
-            yield admission
-        finally:
-            admission.release()
-
-    def _authorize(self, raw: Request) -> Any:
-        return self.keys.authenticate(raw.headers.get("authorization"))
+    def _authorize(self, raw: Request) -> Caller:
+        return self.flow.authorize(raw.headers)
 
     @api.get("/healthz")
     async def healthz(self) -> dict[str, str]:
@@ -379,78 +252,15 @@ class Router:
 
     @api.post("/v1/chat/completions", response_model=None)
     async def chat_completions(self, raw: Request) -> JSONResponse | StreamingResponse:
-        async with self._admitted(raw) as admission:
-            caller = admission.caller
-            request: ChatCompletionRequest = admission.request(ChatCompletionRequest)
-            self._check_model(request.model)
-            self.chat.check_options(request)
-            # `n` > 1: every choice is a request of its own, decoded in parallel.
-            trace_parent = telemetry.extract(raw.headers)
-            choices = [
-                with_deadline(
-                    self.chat.events(one, self._start_sidecar, self._main_events,
-                                     trace_parent=trace_parent, tenant=caller.tenant),
-                    self.config.router.request_timeout_s,
-                )
-                for one in choice_requests(request)
-            ]
-            if request.stream:
-                replays = await _all_prefetched(choices)
-                pairs = [s for pair in zip(replays, choices, strict=True) for s in pair]
-                engine = self.config.main.engine
-                sse = stream_sse(request, replays, self.chat.model_name,
-                                 get_format(engine.tool_format), engine.reasoning_parser)
-                return _owning_stream(sse, pairs, admission.hand_over())
-            return JSONResponse(merge_completions(await _all_finals(choices)))
+        return _http(await self.flow.chat_completions(_incoming(raw)))
 
     @api.post("/v1/completions", response_model=None)
     async def completions(self, raw: Request) -> JSONResponse | StreamingResponse:
-        try:
-            async with self._admitted(raw) as admission:
-                caller = admission.caller
-                request: CompletionRequest = admission.request(CompletionRequest)
-                self._check_model(request.model)
-
-                def main_events(payload: dict[str, Any], prompt: Any) -> AsyncIterator[Any]:
-                    # The caller's tenant: its own prefix cache, as on the chat route.
-                    tenant = {TENANT_KEY: caller.tenant}
-                    return self._main_events({**payload, **tenant}, None, prompt)
-
-                timeout = self.config.router.request_timeout_s
-                if request.stream:
-                    events = await _prefetched(self.text.stream(request, main_events, timeout))
-                    return _owning_stream(events, [events], admission.hand_over())
-                async with asyncio.timeout(timeout):
-                    return JSONResponse(await self.text.complete(request, main_events))
-        except TimeoutError:
-            raise deadline_error(self.config.router.request_timeout_s) from None
+        return _http(await self.flow.completions(_incoming(raw)))
 
     @api.post("/v1/responses", response_model=None)
     async def responses(self, raw: Request) -> JSONResponse | StreamingResponse:
-        async with self._admitted(raw) as admission:
-            caller = admission.caller
-            request: ResponsesRequest = admission.request(ResponsesRequest)
-            self._check_model(request.model)
-            chat = admission.checked_chat()  # the chat request it runs as, checked as chat's
-            self.chat.check_options(chat)
-            events = with_deadline(
-                self.chat.events(chat, self._start_sidecar, self._main_events,
-                                 trace_parent=telemetry.extract(raw.headers),
-                                 tenant=caller.tenant),
-                self.config.router.request_timeout_s,
-            )
-            if request.stream:
-                replay = await _prefetched(events)
-                return _owning_stream(stream_events(request, chat, replay, self.chat.model_name),
-                                      [replay, events], admission.hand_over())
-            completion = await _final(events)
-            return JSONResponse(
-                ResponseBuilder(request, self.chat.model_name).final(completion))
-
-    def _check_model(self, model: str | None) -> None:
-        if model and model != self.chat.model_name:
-            raise ApiError(404, f"model '{model}' does not exist; this server serves "
-                           f"'{self.chat.model_name}'", param="model", code="model_not_found")
+        return _http(await self.flow.responses(_incoming(raw)))
 
     async def _start_sidecar(self, payload: dict[str, Any]) -> SidecarStart | None:
         if self.sidecar is None:

@@ -51,8 +51,8 @@ def refused(route: str, data: dict[str, Any], bounds: Bounds = BOUNDS) -> ApiErr
 
 
 def test_every_post_route_of_the_router_runs_the_shared_checks() -> None:
-    # The router takes each POST route's checks from ROUTES (deployments/router.py
-    # `_admitted`): a route missing there would serve without them.
+    # The router takes each POST route's checks from ROUTES (app/api/request_flow.py,
+    # `RequestFlow.admitted`): a route missing there would serve without them.
     from deployments.router import api
 
     posts = {route.path for route in api.routes if "POST" in getattr(route, "methods", ())}
