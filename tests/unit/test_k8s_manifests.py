@@ -1223,3 +1223,26 @@ def test_renderer_refuses_what_it_does_not_support(tmp_path: Path, spec: Obj, me
     root = _kustomization(tmp_path, spec, {"pod.yaml": [_POD]})
     with pytest.raises(kustomize.KustomizeError, match=message):
         kustomize.render(root)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_config_check_passes_on_the_rendered_overlay(overlay: str, tmp_path: Path) -> None:
+    """What k8s/README.md tells an operator to run: `ooo-spec config check` on the rendered
+    overlay, which also compares each engine's GPUs with its worker group's pods."""
+    from app.config_check import check_file
+
+    path = tmp_path / "rendered.yaml"
+    path.write_text(yaml.safe_dump_all(rendered(overlay)), encoding="utf-8")
+    report = check_file(path)
+    assert report.ok, report.errors
+    # The worker groups were read: a main group with fewer GPUs than MainModel reserves fails.
+    objects = rendered(overlay)
+    main = groups(the(objects, "RayService"))["main"]["template"]["spec"]["containers"][0]
+    for key in ("requests", "limits"):
+        main["resources"][key].pop(GPU, None)
+    path.write_text(yaml.safe_dump_all(objects), encoding="utf-8")
+    failed = check_file(path)
+    if any(d.platform == "cuda" for a in report.applications for d in a.deployments):
+        assert any("worker group 'main'" in e for e in failed.errors), failed.errors
+    else:
+        assert failed.ok
