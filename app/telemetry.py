@@ -526,10 +526,18 @@ SIDECAR_DECISIONS = MetricSpec(
     "diagnostics.",
     ("call", "reason"),
 )
+ROUTING_DECISIONS = MetricSpec(
+    "ooo_spec_routing_decisions", "counter",
+    "Requests a Router replica sent to the MainModel or Sidecar deployment under cache-affinity "
+    "routing (deployments/prefix_router.py), by target deployment and why the replica was "
+    "chosen: affinity (it holds the tenant's longest prompt prefix), no_match, short_match or "
+    "imbalanced (power of two choices decided).",
+    ("target", "reason"),
+)
 METRICS: tuple[MetricSpec, ...] = (
     REQUESTS, HIT_RATE, DRAFTED_TOKENS, ACCEPTED_TOKENS, MAIN_STEPS, SIDECAR_LATENCY,
     TOOL_LATENCY, TOOL_SAVED, PRE_EXECUTIONS, SOURCE_DRAFTED, SOURCE_ACCEPTED, SOURCE_GAIN,
-    SIDECAR_DECISIONS,
+    SIDECAR_DECISIONS, ROUTING_DECISIONS,
 )
 
 
@@ -619,6 +627,10 @@ def main_measurements(final: TurnResult, speculative: bool) -> list[Measurement]
         Measurement(DRAFTED_TOKENS, float(final.main.drafted_tokens), tags),
         Measurement(ACCEPTED_TOKENS, float(final.main.accepted_tokens), tags),
     ]
+
+
+def routing_measurements(target: str, reason: str) -> list[Measurement]:
+    return [Measurement(ROUTING_DECISIONS, 1, {"target": target, "reason": reason})]
 
 
 def sidecar_measurements(status: str, elapsed_ms: float) -> list[Measurement]:

@@ -11,7 +11,8 @@ Serve builds it in every process that holds a handle to the deployment (here the
 replicas). The request's first argument is the payload the Router sends (the chat request with
 the tenant under `TENANT_KEY`, app/tenancy.py); the logic is `app/api/prefix_index.py`, this
 file is glue. Anything it cannot key (no payload, a completions prompt) goes to power of two
-choices, as does a short match or a replica loaded beyond `max_imbalance`.
+choices, as does a short match or a replica loaded beyond `max_imbalance`. Each decision is
+counted (`ooo_spec_routing_decisions`, app/telemetry.py) and logged.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from ray.serve import metrics
 from ray.serve._private.request_router import PowerOfTwoChoicesRequestRouter
 from ray.serve.request_router import PendingRequest, ReplicaID, RunningReplica
 
+from app import telemetry
 from app.api.prefix_index import PromptKey, TenantPrefixIndex, affinity_decision, prompt_key
 from app.tenancy import ANONYMOUS_TENANT, TENANT_KEY
+from deployments.metrics import ServeMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -48,24 +50,14 @@ class PrefixAffinityRouter(PowerOfTwoChoicesRequestRouter):
     replica served goes there first (see the module doc)."""
 
     def initialize_state(self, min_match_chars: int = 256, max_imbalance: int = 4,
-                         max_entries: int = 100_000, **_: Any) -> None:
+                         max_entries: int = 100_000, **unknown: Any) -> None:
+        if unknown:  # a misspelt knob must not be ignored
+            raise ValueError(f"PrefixAffinityRouter: unknown request_router_kwargs "
+                             f"{sorted(unknown)}")
         self._index = TenantPrefixIndex(max_entries)
         self._min_match_chars = min_match_chars
         self._max_imbalance = max_imbalance
-        self._decisions: Any = None
-
-    def _count(self, deployment: str, reason: str) -> None:
-        try:
-            if self._decisions is None:
-                tag_keys: Any = ("target", "reason")  # Ray annotates a 1-tuple; any tuple works
-                self._decisions = metrics.Counter(
-                    "ooo_spec_routing_decisions",
-                    "Requests routed to a model deployment, by whether prefix affinity chose "
-                    "the replica or why power of two choices did.",
-                    tag_keys)
-            self._decisions.inc(1, tags={"target": deployment, "reason": reason})
-        except Exception:  # a metric must never fail a request
-            logger.exception("recording the routing decision failed")
+        self._metrics = ServeMetrics()
 
     async def choose_replicas(
         self,
@@ -85,7 +77,8 @@ class PrefixAffinityRouter(PowerOfTwoChoicesRequestRouter):
         decision = affinity_decision(self._index.longest_match(key, live), queue_lens,
                                      self._min_match_chars, self._max_imbalance)
         target = self._deployment_id.name if self._deployment_id else "unknown"
-        self._count(target, decision.reason)
+        telemetry.record_all(self._metrics, telemetry.routing_measurements(target,
+                                                                          decision.reason))
         logger.info("route %s: %s, matched %d chars, replica %s", target, decision.reason,
                     decision.matched, decision.replica)
         if decision.replica is None:
