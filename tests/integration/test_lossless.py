@@ -517,3 +517,34 @@ async def test_auto_mode_is_token_identical(engine: VllmEngine) -> None:
     # Both kinds of answer were exercised, and the right calls were drafted and accepted.
     assert kinds["call"] >= 3 and kinds["text"] >= 3, kinds
     assert accepted_in_calls > drafted_in_calls // 4 > 0, (drafted_in_calls, accepted_in_calls)
+
+
+async def test_suffix_source_is_lossless(engine: VllmEngine) -> None:
+    """Drafts from the tenant's earlier outputs (the same question again: right; the others:
+    other tools and arguments) and from the request's own tokens, chosen step by step against
+    the schema drafts and prompt lookup, leave every output token-identical to plain decoding."""
+    config = AppConfig.model_validate({"speculation": {"history": {"enabled": False}}})
+    service = MainModelService(config, engine=engine)
+    assert service.suffixes is not None
+    first_round: dict[str, int] = {}
+    for round_ in (1, 2):
+        for text in PROMPTS:
+            plain = await _suffix_call(service, text, enabled=False)
+            final = await _suffix_call(service, text, enabled=True)
+            assert final.token_ids == plain.token_ids, f"{text!r}: differs from plain decoding"
+            suffix = final.main.sources.suffix
+            if round_ == 1:
+                first_round[text] = suffix.accepted_tokens
+            else:  # the tenant's own earlier output of the same question drafts it
+                assert suffix.accepted_tokens > first_round[text], (text, suffix)
+    assert service.suffixes.of("tenant-a").tokens > 0
+    assert service.suffixes.of("anonymous").tokens == 0
+
+
+async def _suffix_call(service: MainModelService, text: str, enabled: bool) -> TurnResult:
+    request = ChatCompletionRequest.model_validate({
+        "messages": [{"role": "user", "content": text}], "tools": TOOLS,
+        "tool_choice": "required", "temperature": 0.0, "max_tokens": 96,
+        "ooo_spec": {"enabled": enabled, "sidecar": False},
+    })
+    return await service.complete(service.prepare(request, tenant="tenant-a"))
