@@ -34,6 +34,10 @@ def serve_config() -> dict:
          "ray_actor_options": {"num_cpus": 0}})
     # The bench's slow_lookup (load_tests/bench_tools.py): the tool tests pre-execute it.
     config["applications"][0]["args"]["tools"] = list(TOOL_MODULES)
+    # Tests of the sidecar's path need it called on every request that wants it; skipping a
+    # sidecar that does not pay (app/api/sidecar_value.py) would depend on the requests
+    # earlier tests sent. Its decisions are tested in tests/unit/test_sidecar_value.py.
+    config["applications"][0]["args"]["speculation"]["sidecar_value"] = {"enabled": False}
     return config
 
 

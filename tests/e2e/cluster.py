@@ -124,6 +124,7 @@ def local_args() -> dict[str, Any]:
     config = load_serve_config(ROOT / "configs" / "local.yaml")
     args: dict[str, Any] = copy.deepcopy(config["applications"][0]["args"])
     args["tools"] = list(TOOL_MODULES)  # as the session app's (tests/conftest.py)
+    args["speculation"]["sidecar_value"] = {"enabled": False}  # as the session app's
     return args
 
 
