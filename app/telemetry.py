@@ -456,7 +456,7 @@ STEP_BUCKETS = (1.0, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 REQUESTS = MetricSpec(
     "ooo_spec_requests", "counter",
     "Chat completions by outcome: hit, partial, miss, no_call, disabled, sidecar_error, "
-    "sidecar_late, or error (the request failed).",
+    "sidecar_late, sidecar_skipped (not worth calling lately), or error (the request failed).",
     ("outcome",),
 )
 HIT_RATE = MetricSpec(
