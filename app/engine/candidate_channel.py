@@ -19,6 +19,7 @@ tensor-parallel engine drafts from the candidates and prompt lookup only.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import threading
 from collections.abc import Callable
@@ -87,12 +88,8 @@ class StoreServer:
 
     def close(self) -> None:
         self._closed.set()
-        self._listener.close()
-        try:
-            os.unlink(self.address)
-            os.rmdir(self._dir)
-        except OSError:
-            pass
+        self._listener.close()  # also removes the socket file
+        shutil.rmtree(self._dir, ignore_errors=True)
 
 
 class RemoteStore:

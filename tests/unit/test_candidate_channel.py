@@ -7,6 +7,7 @@ proposer gives for the same candidates, and its accounting must reach the replic
 from __future__ import annotations
 
 import multiprocessing
+import os
 from types import SimpleNamespace
 from typing import Any
 
@@ -79,6 +80,7 @@ def test_a_remote_store_reads_and_records_like_the_store() -> None:
         remote.close()
     finally:
         server.close()
+    assert not os.path.exists(os.path.dirname(server.address)), "the socket's folder is left"
 
 
 def test_a_wrong_key_is_refused() -> None:
