@@ -534,6 +534,15 @@ def check_parallel(
     where = f"deployments[{dep.name}]"
     options = actor.model_dump(exclude_none=True)
     dep.placement = engine_placement(tp, options)
+    raw = _raw_config_json(cfg.model) if tp > 1 else None
+    text = (raw or {}).get("text_config") or raw or {}
+    heads = text.get("num_attention_heads")
+    if isinstance(heads, int) and heads % tp:
+        # vLLM: "Total number of attention heads (9) must be divisible by tensor parallel size".
+        dep.errors.append(
+            f"`{setting}.tensor_parallel_size` = {tp} does not divide the model's {heads} "
+            f"attention heads, which vLLM refuses: set it to a divisor of {heads}"
+        )
     if tp > 1 and dep.platform != "cuda":
         dep.errors.append(
             f"`{setting}.tensor_parallel_size` = {tp} needs GPUs: give {where} "

@@ -414,3 +414,14 @@ def test_batch_invariant_is_checked_against_the_platform_and_gpu() -> None:
     cpu = load(ROOT / "configs" / "local.yaml")
     _main_engine(cpu)["batch_invariant"] = True
     assert any("`main.engine.batch_invariant` is vLLM's CUDA mode" in e for e in check(cpu).errors)
+
+
+def test_tensor_parallel_must_divide_the_attention_heads() -> None:
+    """What vLLM refused on this machine: the embedded model has 9 heads, so TP 2 cannot start
+    (TP 3 did); the heads come from the model's local config.json."""
+    config = load(ROOT / "configs" / "local.yaml")
+    _main_engine(config)["tensor_parallel_size"] = 2
+    assert any("does not divide the model's 9 attention heads" in e
+               for e in check(config).errors)
+    _main_engine(config)["tensor_parallel_size"] = 3
+    assert not [e for e in check(config).errors if "attention heads" in e]
