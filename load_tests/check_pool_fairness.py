@@ -65,7 +65,8 @@ async def run(mode: str, pool_check: GrammarCheck, grammars: list[str], small: s
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--flood", type=int, default=4, help="tenant A's grammars at once")
     parser.add_argument("--properties", type=int, default=6, help="long strings per grammar")
     parser.add_argument("--limit", type=float, default=2.0, help="CPU seconds per compile")
