@@ -19,7 +19,7 @@ lint: setup
 	@$(VENV)/ruff check app deployments tests load_tests
 	@$(VENV)/mypy app deployments
 
-# The README's Results table: plain, vLLM n-gram, ooo and ooo+tools on one server (started from
+# The results table of docs/benchmarks.md: plain, vLLM n-gram, ooo and ooo+tools on one server (started from
 # configs/bench.yaml and stopped at the end), interleaved; JSON + PNG under bench_out/.
 BENCH_PORT ?= 8124
 BENCH_LIMIT ?= 50

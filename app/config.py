@@ -154,7 +154,8 @@ class LoadAwareConfig(_Strict):
         "them would reach the main model too late to draft (outcome sidecar_error, 'skipped'); "
         "the request still gets schema drafts and prompt lookup. None: never skip (a GPU "
         "sidecar batches its predictions nearly free). The CPU configs set 1: on the CPU "
-        "default at 4 and 16 users most predictions arrived late (README, 'Under load').",
+        "default at 4 and 16 users most predictions arrived late (docs/benchmarks.md, "
+        "'Under load').",
     )
 
 

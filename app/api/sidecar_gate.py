@@ -4,8 +4,9 @@ A sidecar prediction helps only if it reaches the main model before the main mod
 written the call itself. On a CPU sidecar the predictions of concurrent requests share one
 core, so each takes longer the more are pending, while the main model (its own core) keeps
 decoding: measured on the CPU default at 4 and 16 users, most predictions arrived late
-(README, "Under load") and their compute was lost. Past `limit` pending calls the router skips
-the sidecar; the main model still drafts from the tool schemas and prompt lookup.
+(docs/benchmarks.md, "Under load") and their compute was lost. Past `limit` pending calls
+the router skips the sidecar; the main model still drafts from the tool schemas and prompt
+lookup.
 
 One gate per router replica, used on its event loop only (no lock needed): it counts this
 replica's own pending calls, the sidecar's queue as far as this router can see it.

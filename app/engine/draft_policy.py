@@ -26,9 +26,9 @@ from app.engine.engine_args import Platform
 
 # (step_draft_tokens, no_draft_batch) where the config leaves them unset, per platform.
 # CPU: verifying a draft token costs about what decoding a token costs (compute grows with the
-# tokens of a pass, measured in README "Under load"), so a step verifies few drafts in all and
-# a full batch none. GPU: a decode step is memory-bound, drafts ride along nearly free until the
-# batch is large.
+# tokens of a pass, measured in docs/benchmarks.md, "Under load"), so a step verifies few
+# drafts in all and a full batch none. GPU: a decode step is memory-bound, drafts ride along
+# nearly free until the batch is large.
 PLATFORM_BUDGETS: dict[Platform, tuple[int, int]] = {"cpu": (16, 16), "cuda": (256, 128)}
 
 

@@ -3,7 +3,7 @@
 vLLM wraps every supported linear layer for LoRA when the engine is built, whatever layers the
 adapter covers, and each wrapped layer runs punica's kernels on every token. On CPU those
 kernels are plain torch ops, so a 30-layer model pays for 30 layers of LoRA (about 60% more
-time per sidecar pass, measured in app/distill/README.md) even when the adapter trained by
+time per sidecar pass, measured in docs/benchmarks.md) even when the adapter trained by
 `ooo-spec sidecar distill` sits on the top 8 only. vLLM's `lora_target_modules` takes full
 module names as well as suffixes, so the engine is built with the names of the modules the
 adapter has weights for, in vLLM's own naming: PEFT writes `q_proj`, `k_proj`, `v_proj`, where
