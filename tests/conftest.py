@@ -84,15 +84,3 @@ def openai_client(app_url: str):  # type: ignore[no-untyped-def]
 
     return OpenAI(base_url=f"{app_url}/v1", api_key="unused", timeout=120, max_retries=0)
 
-
-# Everything that starts Ray or an engine runs on one xdist worker, in file order: two engines
-# (or two Ray clusters) on this 2-core machine would only slow each other, and the session's app
-# is started once. Unit tests spread over both workers (scripts/test.sh runs `-n 2`).
-RAY_GROUP = "ray"
-_RAY_DIRS = ("integration", "e2e")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if Path(str(item.fspath)).parent.name in _RAY_DIRS:
-            item.add_marker(pytest.mark.xdist_group(RAY_GROUP))
