@@ -68,10 +68,11 @@ def test_correct_prediction_pre_executes_slow_lookup(  # type: ignore[no-untyped
             temperature=0,
             max_tokens=48,
             # The same question four times: without this, the first call would come back as a
-            # history candidate at time zero and the main model would finish before the sidecar.
+            # history (or suffix) draft at time zero and the main model would finish before the
+            # sidecar.
             extra_body={"ooo_spec": {"enabled": True, "execute_tools": True,
                                      "server_tools": True, "max_steps": 1,
-                                     "history": False}},
+                                     "history": False, "suffix": False}},
         )
         report = response.model_extra["ooo_spec"]
         results = report["tool_results"]
