@@ -5,20 +5,20 @@ string properties of distinct long `maxLength`s: about 2 s of grammar compile pe
 the embedded model's vocabulary, some 23 s of CPU per request, each refused (400
 `grammar_too_slow`) once its compile has spent `limits.grammar_compile_timeout_s`. Once A's
 first refusal is back (every one of A's compiles is then running or queued), tenant B sends a
-forced call with a schema nobody sent before. B is answered, with its call, within
-`FAIR_BOUND_S`.
+forced call with a schema nobody sent before. B is answered, with its call, while A's flood is
+still being refused: before the last of A's answers.
 
-The bound is generous on purpose (docs/security.md, "Limits"): B's call takes a few seconds on
-the 2-core test machine while A's refused compile still runs on one core. Before the check pool
-(app/check_pool.py) the pre-check had 2 threads shared first-come first-served and a refused
-compile kept its thread: B's check queued behind all of A's compiles before its own could
-start (run against that code, this test got B's answer after 49 s)."""
+The verdict is an order of events, not a time, so a loaded machine cannot change it: A's
+compiles run one at a time on A's share of the pool (limits.check_threads_per_tenant), each
+until its refusal, so A's last answer comes several compile budgets after B's question. Before
+the check pool (app/check_pool.py) the pre-check had 2 threads shared first-come first-served
+and a refused compile kept its thread: B's check queued behind all of A's compiles, and B was
+answered after A's last refusal (run against that code, 49 s after it asked)."""
 
 from __future__ import annotations
 
 import json
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -36,8 +36,6 @@ KEY_B = "fairness-b-key-9876543210"
 SIDE = "side-fairness"
 LIMITS = LimitsConfig()
 FLOOD = 8
-# B's forced call, from when it is sent to its answer, while A's flood is being refused.
-FAIR_BOUND_S = 30.0
 
 
 def forced(parameters: dict[str, Any], content: str) -> dict[str, Any]:
@@ -89,13 +87,12 @@ def test_one_tenants_slow_grammars_do_not_delay_another_tenants_call(
 
     fresh = f"name_{uuid.uuid4().hex[:8]}"
     small = {"type": "object", "properties": {fresh: {"type": "string"}}, "required": [fresh]}
-    started = time.perf_counter()
     b = chat(tenants_url, forced(small, "Look up 'alpha'."), timeout=300, headers=bearer(KEY_B))
-    elapsed = time.perf_counter() - started
+    a_answered_before_b = len(answers)
     assert b.status_code == 200, b.text
     [call] = b.json()["choices"][0]["message"]["tool_calls"]
     assert fresh in json.loads(call["function"]["arguments"])
-    assert elapsed < FAIR_BOUND_S, f"tenant B waited {elapsed:.1f} s behind tenant A"
+    assert a_answered_before_b < FLOOD, "tenant B was answered only after all of tenant A's flood"
 
     for thread in threads:
         thread.join()
