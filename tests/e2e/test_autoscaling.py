@@ -4,8 +4,9 @@ while a replica is removed complete (Serve's graceful shutdown), streamed ones i
 answer is token-identical to plain decoding of the same request.
 
 The session app is redeployed with the `deployments:` entries of configs/local-autoscale.yaml
-(its `args` are local.yaml's, so only the main model restarts: its CPU share goes from 1 to 0.5),
-through Serve's declarative API as deployments/local.py deploys it, and put back as it was at
+(its `args` and each replica's `ray_actor_options` are local.yaml's, so no replica restarts:
+Serve applies the autoscaling and shutdown options to the running ones), through Serve's
+declarative API as deployments/local.py deploys it, and put back as it was at
 the end: only one app runs on this small machine, and the tests after this one see the session
 config.
 """
