@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -257,38 +256,47 @@ async def test_async_tool_and_str_results_pass_through() -> None:
     assert result.latency_ms >= 0
 
 
-@pytest.mark.timeout(10)
+@pytest.mark.timeout(60)
 async def test_sync_timeout_becomes_an_error_result() -> None:
+    started, release = threading.Event(), threading.Event()
+
     @tool(timeout_s=0.2)
-    def sleepy() -> str:
-        time.sleep(1.0)
+    def stuck() -> str:
+        started.set()
+        release.wait(timeout=60)  # never set before the verdict: only the timeout can answer
         return "late"
 
-    started = time.perf_counter()
-    result = await registry_with(sleepy).execute("sleepy", {})
-    elapsed = time.perf_counter() - started
-    assert result.is_error and "timed out after 0.2 s" in result.content
-    assert elapsed < 0.8
+    registry = registry_with(stuck)
+    try:
+        # The bound only keeps a broken timeout from hanging the run; it is not a speed limit.
+        result = await asyncio.wait_for(registry.execute("stuck", {}), timeout=30)
+        assert started.is_set()
+        assert result.is_error and "timed out after 0.2 s" in result.content
+    finally:
+        release.set()
+        registry.close()
 
 
-@pytest.mark.timeout(10)
+@pytest.mark.timeout(60)
 async def test_async_timeout_is_a_hard_bound_even_if_the_tool_ignores_cancellation() -> None:
-    release = asyncio.Event()
+    never, release, finished = asyncio.Event(), asyncio.Event(), asyncio.Event()
 
     @tool(timeout_s=0.2)
     async def stubborn() -> str:
         try:
-            await asyncio.sleep(30)
+            await never.wait()  # nothing sets it: only the timeout can end the call
         except asyncio.CancelledError:
-            await release.wait()  # refuses to stop promptly
+            await release.wait()  # refuses to stop until the test is done
+        finished.set()
         return "late"
 
-    started = time.perf_counter()
-    result = await registry_with(stubborn).execute("stubborn", {})
-    assert time.perf_counter() - started < 1.0
+    # The verdict comes while the cancelled tool still runs: were execute waiting for it, this
+    # would hang until the bound (a bound on waiting, not a speed limit).
+    result = await asyncio.wait_for(registry_with(stubborn).execute("stubborn", {}), timeout=30)
     assert result.is_error and "timed out" in result.content
+    assert not finished.is_set()
     release.set()
-    await asyncio.sleep(0)
+    await asyncio.wait_for(finished.wait(), timeout=30)  # the tool ends once let go
 
 
 async def test_exceptions_become_error_results() -> None:
