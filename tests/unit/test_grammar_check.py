@@ -6,23 +6,24 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 
 import pytest
 import xgrammar as xgr
 
 from app.check_pool import CheckPool
-from app.engine.grammar_check import GrammarCheck, GrammarTooSlow
-from tests.unit.loop_ticks import loop_ticks
+from app.engine.grammar_check import GrammarCheck, GrammarKind, GrammarTooSlow
 
 VOCAB = [chr(c) for c in range(32, 127)] + ['{"', '":', '",', "ab", "</s>"]
 SIMPLE = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
 
 
 def slow_schema(letters: str = "a-z", properties: int = 12) -> dict:
-    """Bounded repeats compile slowly (about 2 s per property on the real vocabulary). On this
-    test vocabulary the first compile of a process also pays xgrammar's warm-up (3.4 s for 12
-    properties, then 0.1 s for a grammar like it), so a test that must see a slow compile
-    wherever it runs in the process asks for more properties (64: about 0.9 s warm)."""
+    """Bounded repeats compile slowly (about 2 s per property on the real vocabulary, 0.15 s for
+    12 on this test vocabulary). How long one compile takes varies with the machine and with
+    what the process compiled before, so a test that needs a compile refused compiles it over
+    and over (`compiling_until_released`) rather than counting on one compile being slow."""
     return {"type": "object", "properties": {
         f"p{i}": {"type": "string", "pattern": rf"([{letters}]{{1,9}}\.){{1,100}}"}
         for i in range(properties)}, "required": [f"p{i}" for i in range(properties)]}
@@ -39,6 +40,49 @@ def checker(timeout_s: float, max_wait_s: float = 60, per_tenant: int = 1) -> Gr
                         max_wait_s, CheckPool(2, per_tenant, "grammar-test"))
 
 
+class Compiling:
+    """What `compiling_until_released` lets a test see: `began` is set on the loop as soon as a
+    compile begins in its thread."""
+
+    def __init__(self) -> None:
+        self.began = asyncio.Event()
+        self.release = threading.Event()
+        self.ended: list[threading.Event] = []
+
+
+@asynccontextmanager
+async def compiling_until_released(check: GrammarCheck) -> AsyncIterator[Compiling]:
+    """Inside the block, each of `check`'s compiles compiles its grammar again and again until
+    the block ends: real compile work that spends CPU time and never ends on its own, so only
+    the CPU limit can answer it, however fast this machine compiles the grammar once (a compile
+    that ended between the limit's polls passed and failed the test). On leaving, the compiles
+    are let go and their threads awaited."""
+    compiling = Compiling()
+    loop = asyncio.get_running_loop()
+    original = check._compile
+
+    def compile_until_released(kind: GrammarKind, text: str) -> None:
+        ended = threading.Event()
+        compiling.ended.append(ended)
+        loop.call_soon_threadsafe(compiling.began.set)
+        # The deadline only keeps a broken test from compiling for ever; nothing asserts on it.
+        give_up = time.monotonic() + 60
+        try:
+            original(kind, text)
+            while not compiling.release.is_set() and time.monotonic() < give_up:
+                original(kind, text)
+        finally:
+            ended.set()
+
+    check._compile = compile_until_released  # type: ignore[method-assign]
+    try:
+        yield compiling
+    finally:
+        compiling.release.set()
+        for ended in list(compiling.ended):
+            await asyncio.to_thread(ended.wait, 60)
+
+
 async def test_a_quick_grammar_passes_and_is_remembered() -> None:
     check = checker(30)
     await check.check(SIMPLE, TENANT)
@@ -50,31 +94,53 @@ async def test_a_quick_grammar_passes_and_is_remembered() -> None:
     assert compiles == [] and len(check._verdicts) == 1
 
 
+@pytest.mark.timeout(120)
 async def test_a_slow_grammar_is_refused_at_the_limit_without_blocking_the_loop() -> None:
+    """The compile runs in a check thread: the loop hears that it began while it goes on, and
+    the CPU limit refuses it while it still runs (it never ends on its own here)."""
     check = checker(0.05)
-    started = time.perf_counter()
-    async with loop_ticks(0.005) as ticks:
+    async with compiling_until_released(check) as compiling:
+        checked = asyncio.ensure_future(check.check(SLOW, TENANT))
+        # A compile on the loop itself would hold the loop until the compiles were let go.
+        # The bounds on these waits only keep a broken check from hanging the run.
+        await asyncio.wait_for(compiling.began.wait(), 30)
         with pytest.raises(GrammarTooSlow, match="CPU time"):
-            await check.check(SLOW, TENANT)
-    elapsed = time.perf_counter() - started
-    assert elapsed < 1 and ticks.count >= 3
+            await asyncio.wait_for(checked, 30)
+        assert not compiling.ended[0].is_set()  # refused while its compile still ran
     assert list(check._verdicts.values()) == [False]
 
 
+@pytest.mark.timeout(120)
 async def test_a_check_waiting_for_a_thread_is_refused_at_the_wait_cap() -> None:
     """Both check threads held (say by refused slow compiles that go on): a new schema gets no
     CPU at all, and is refused at `max_wait_s` rather than held."""
     check = checker(30, max_wait_s=0.3, per_tenant=2)
     release = threading.Event()
-    held = [asyncio.ensure_future(check.pool.run(TENANT, i, lambda: release.wait(10), 30, 30))
-            for i in range(2)]
-    await asyncio.sleep(0)  # a turn of the loop: both hold their threads before the check queues
-    started = time.perf_counter()
-    with pytest.raises(GrammarTooSlow):
-        await check.check(SIMPLE, TENANT)
-    release.set()
-    await asyncio.gather(*held)
-    assert 0.3 <= time.perf_counter() - started < 5
+    holding = [threading.Event() for _ in range(2)]
+
+    def holder(i: int) -> Callable[[], bool]:
+        def hold() -> bool:
+            holding[i].set()
+            return release.wait(60)  # set only once the verdict is in
+        return hold
+
+    held = [asyncio.ensure_future(check.pool.run(TENANT, i, holder(i), 60, 60)) for i in range(2)]
+    compiles: list[str] = []
+
+    def record(kind: GrammarKind, text: str) -> None:
+        compiles.append(kind)
+
+    check._compile = record  # type: ignore[method-assign]
+    try:
+        # Both threads are held before the check queues (bounded only against a broken pool).
+        assert await asyncio.to_thread(lambda: all(h.wait(30) for h in holding))
+        with pytest.raises(GrammarTooSlow, match="0.00 s of CPU time"):
+            await asyncio.wait_for(check.check(SIMPLE, TENANT), 30)
+        assert compiles == []  # refused without ever being compiled
+        assert check._verdicts == {}  # the wait's fault, not the schema's: not remembered
+    finally:
+        release.set()
+        assert await asyncio.gather(*held) == [True, True]
 
 
 async def test_a_schema_that_does_not_compile_is_left_to_the_engine() -> None:
@@ -90,19 +156,23 @@ async def test_the_served_bounded_whitespace_grammar_is_checked_too() -> None:
     check = checker(30)
     await check.check_ebnf(bounded_whitespace_grammar(SIMPLE, 32), TENANT)
     assert len(check._verdicts) == 1
-    with pytest.raises(GrammarTooSlow):
-        await checker(0.05).check_ebnf(
-            bounded_whitespace_grammar(slow_schema("b-y", properties=64), 32), TENANT)
+    slow, grammar = checker(0.05), bounded_whitespace_grammar(SLOW, 32)
+    async with compiling_until_released(slow):
+        with pytest.raises(GrammarTooSlow):
+            await asyncio.wait_for(slow.check_ebnf(grammar, TENANT), 30)
+    assert list(slow._verdicts.items()) == [((TENANT, "ebnf", grammar), False)]
 
 
 async def test_a_refused_grammar_is_refused_at_once_the_next_time() -> None:
     """The verdict is about the schema: the same tenant's next request with it is refused
     without compiling it again (the first compile may still be running in its thread)."""
     check = checker(0.05)
-    with pytest.raises(GrammarTooSlow):
-        await check.check(SLOW, TENANT)
-    with pytest.raises(GrammarTooSlow, match="refused before"):
-        await check.check(SLOW, TENANT)
+    async with compiling_until_released(check) as compiling:
+        with pytest.raises(GrammarTooSlow):
+            await asyncio.wait_for(check.check(SLOW, TENANT), 30)
+        with pytest.raises(GrammarTooSlow, match="refused before"):
+            await check.check(SLOW, TENANT)
+        assert len(compiling.ended) == 1  # the second request compiled nothing
 
 
 async def test_n_identical_checks_compile_once() -> None:
