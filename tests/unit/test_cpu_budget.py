@@ -10,7 +10,6 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from app.cpu_budget import OverBudget, over_budget, run_with_cpu_budget, thread_cpu_reader
-from tests.unit.loop_ticks import loop_ticks
 
 
 def spin(seconds: float) -> int:
@@ -83,44 +82,93 @@ async def test_work_that_waits_without_cpu_is_not_refused() -> None:
     assert await run_with_cpu_budget(lambda: time.sleep(0.5) or 7, 0.1, 30) == 7
 
 
-async def test_work_that_spends_its_cpu_is_refused_soon_after() -> None:
-    release = threading.Event()
+async def test_work_that_spends_its_cpu_is_refused_while_it_runs() -> None:
+    """The work spins until the test lets it go: only the CPU limit can answer it."""
+    release, ended = threading.Event(), threading.Event()
 
     def work() -> None:
-        end = time.monotonic() + 30
-        while not release.is_set() and time.monotonic() < end:
+        # The deadline only keeps a broken budget from spinning for ever; nothing asserts on it.
+        give_up = time.monotonic() + 60
+        while not release.is_set() and time.monotonic() < give_up:
             pass
+        ended.set()
 
-    started = time.monotonic()
-    with pytest.raises(OverBudget) as caught:
-        await run_with_cpu_budget(work, 0.2, 30)
-    release.set()
+    try:
+        with pytest.raises(OverBudget) as caught:
+            await run_with_cpu_budget(work, 0.2, 60)
+        assert not ended.is_set()  # refused while the work still ran
+    finally:
+        release.set()
     assert caught.value.cpu_s >= 0.2
-    assert time.monotonic() - started < 10
+
+
+class _SignallingExecutor(ThreadPoolExecutor):
+    """A thread pool that tells the loop when work has been handed to it."""
+
+    def __init__(self, max_workers: int) -> None:
+        super().__init__(max_workers=max_workers)
+        self.submitted = 0
+        self.more = asyncio.Event()
+
+    def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def]
+        future = super().submit(fn, *args, **kwargs)
+        self.submitted += 1
+        self.more.set()
+        return future
+
+    async def wait_for_submitted(self, count: int) -> None:
+        while self.submitted < count:
+            self.more.clear()
+            await self.more.wait()
 
 
 async def test_work_that_never_starts_is_refused_at_the_wait_cap_and_never_runs() -> None:
-    release = threading.Event()
+    release, holding = threading.Event(), threading.Event()
     ran: list[str] = []
-    with ThreadPoolExecutor(max_workers=1) as busy:
-        busy.submit(release.wait, 10)
-        with pytest.raises(OverBudget) as caught:
-            await run_with_cpu_budget(lambda: ran.append("refused"), 5, 0.3, busy)
-        waiting = asyncio.ensure_future(run_with_cpu_budget(lambda: ran.append("abandoned"),
-                                                            5, 30, busy))
-        await asyncio.sleep(0.1)
-        waiting.cancel()  # the request went away while its check was queued
-        with pytest.raises(asyncio.CancelledError):
-            await waiting
-        release.set()
+
+    def hold() -> None:
+        holding.set()
+        release.wait(60)  # set once the verdicts are in
+
+    with _SignallingExecutor(max_workers=1) as busy:
+        try:
+            busy.submit(hold)
+            assert await asyncio.to_thread(holding.wait, 30)  # its one thread is taken
+            with pytest.raises(OverBudget) as caught:
+                await asyncio.wait_for(
+                    run_with_cpu_budget(lambda: ran.append("refused"), 5, 0.3, busy), 30)
+            waiting = asyncio.ensure_future(
+                run_with_cpu_budget(lambda: ran.append("abandoned"), 5, 30, busy))
+            await asyncio.wait_for(busy.wait_for_submitted(3), 30)  # queued behind the hold
+            waiting.cancel()  # the request went away while its check was queued
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+        finally:
+            release.set()
     assert caught.value.cpu_s == 0 and caught.value.waited_s >= 0.3
     assert ran == []  # the pool has shut down: what was queued would have run by now
 
 
 async def test_the_loop_runs_while_the_work_runs_and_errors_come_through() -> None:
-    async with loop_ticks() as ticks:
-        assert await run_with_cpu_budget(lambda: spin(0.2), 5, 30) > 0
-    assert ticks.count >= 5
+    """The work spins (holding the GIL in turns) until the loop has answered it: it ends only
+    if the loop ran while it was running."""
+    loop = asyncio.get_running_loop()
+    began, loop_ran = asyncio.Event(), threading.Event()
+
+    def work() -> bool:
+        loop.call_soon_threadsafe(began.set)
+        # The deadline only keeps work run on the loop itself from spinning for ever.
+        give_up = time.monotonic() + 60
+        while not loop_ran.is_set() and time.monotonic() < give_up:
+            pass
+        return loop_ran.is_set()
+
+    async def answer() -> None:
+        await began.wait()
+        loop_ran.set()
+
+    answered, _ = await asyncio.gather(run_with_cpu_budget(work, 30, 120), answer())
+    assert answered is True
 
     def fails() -> None:
         raise ValueError("no")
