@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import pytest
 
+from app.api import chat_service
 from app.api.agent_loop import SidecarStart, combine_outcomes, sum_main
 from app.api.chat_service import ChatService
-from app.api.pre_execution import PreExecution, ToolPolicy, speculable_calls
+from app.api.pre_execution import PreExecution, ToolPolicy, ToolRun, speculable_calls
 from app.engine.turn import TurnDelta, TurnEvent, TurnResult
 from app.openai_models import ChatCompletionRequest, MainReport
 from app.speculation.canonical import Invocation
@@ -30,12 +31,37 @@ KEY_SCHEMA = {
 }
 TEXT_SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
 
+# The tests wait for events (a run dispatched, finished, cancelled); this bound only turns a
+# wait that never ends (a broken product) into a failure.
+pytestmark = pytest.mark.timeout(60)
+
+
+class ManualClock:
+    """A clock that moves only when a fake says time passed (a tool run, a decode): the times a
+    test asserts are the ones its fakes spent, however loaded the machine is."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
 
 class FakePool:
-    """The ToolWorker pool in-process: a real registry, the worker's policy check, a log."""
+    """The ToolWorker pool in-process: a real registry, the worker's policy check, a log.
 
-    def __init__(self, lookup_s: float = 0.05) -> None:
+    A lookup takes `lookup_s`: on `clock` if given (advanced when it runs), else asleep. With
+    `hold`, a speculative run waits for that event before it runs (never set: it is in flight
+    until cancelled)."""
+
+    def __init__(self, lookup_s: float = 0.05, clock: ManualClock | None = None,
+                 hold: asyncio.Event | None = None) -> None:
         self.lookup_s = lookup_s
+        self.clock = clock
+        self.hold = hold
         self.calls: list[tuple[str, dict[str, Any], bool]] = []
         self.tenants: list[str] = []  # the tenant each call was run for
         self.cancelled: list[str] = []
@@ -44,6 +70,10 @@ class FakePool:
         # its commit until then, so "predicted before the commit" holds however loaded the
         # machine is (the prediction's checks run on a worker thread).
         self.speculated = asyncio.Event()
+        # Set once a speculative run has its result (and the router has it, in the same step):
+        # a commit held until then finds it finished.
+        self.finished = asyncio.Event()
+        self.cancelled_run = asyncio.Event()  # set when a run is cancelled
         self.registry = ToolRegistry()
         self.registry.register(
             ToolSpec(name="lookup", parameters=KEY_SCHEMA, idempotent=True, speculate="always",
@@ -57,7 +87,10 @@ class FakePool:
         )
 
     async def _lookup(self, arguments: dict[str, Any]) -> ToolOutput:
-        await asyncio.sleep(self.lookup_s)
+        if self.clock is not None:
+            self.clock.advance(self.lookup_s)
+        else:
+            await asyncio.sleep(self.lookup_s)
         return ToolOutput(f"value of {arguments['key']}")
 
     async def _note(self, arguments: dict[str, Any]) -> ToolOutput:
@@ -76,10 +109,16 @@ class FakePool:
         if speculative and not may_pre_execute(self.registry.get(name), True, False):
             return ToolResult(name=name, content="refused", is_error=True, latency_ms=0)
         try:
-            return await self.registry.execute(name, arguments, ToolCallContext(tenant))
+            if speculative and self.hold is not None:
+                await self.hold.wait()
+            result = await self.registry.execute(name, arguments, ToolCallContext(tenant))
         except asyncio.CancelledError:
             self.cancelled.append(name)
+            self.cancelled_run.set()
             raise
+        if speculative:
+            self.finished.set()
+        return result
 
 
 def final(calls: list[dict[str, Any]], content: str | None = None) -> TurnResult:
@@ -88,8 +127,14 @@ def final(calls: list[dict[str, Any]], content: str | None = None) -> TurnResult
 
 class Script:
     """A main model that commits the scripted finals, one per turn, after `decode_s`, and a
-    sidecar whose prediction arrives after `predict_s`. With `commit_after`, the first turn's
-    decoding starts only once that event is set (e.g. `FakePool.speculated`)."""
+    sidecar whose prediction arrives after `predict_s` (on `clock` if given: the clock moves,
+    nothing sleeps, and the prediction is there at once).
+
+    What a turn waits for before it commits, so that the test's ordering holds however loaded
+    the machine is: with `commit_after`, the first turn waits for that event (e.g.
+    `FakePool.speculated`); with `before_commit`, every turn awaits `before_commit(turn)`.
+    With `predict_after`, predictions arrive only once that event is set. `committed` is set
+    as each final is handed over, right before the router reads its commit time."""
 
     def __init__(
         self,
@@ -98,9 +143,17 @@ class Script:
         decode_s: float = 0.2,
         predict_s: float = 0.01,
         commit_after: asyncio.Event | None = None,
+        *,
+        clock: ManualClock | None = None,
+        before_commit: Callable[[int], Awaitable[Any]] | None = None,
+        predict_after: asyncio.Event | None = None,
     ) -> None:
         self.finals = finals
         self.commit_after = commit_after
+        self.before_commit = before_commit
+        self.predict_after = predict_after
+        self.clock = clock
+        self.committed = asyncio.Event()
         self.predicted: list[asyncio.Future[dict[str, Any]]] = []
         self.predictions = predictions or []
         self.decode_s = decode_s
@@ -114,7 +167,10 @@ class Script:
         calls = self.predictions[turn] if turn < len(self.predictions) else []
 
         async def predict() -> dict[str, Any]:
-            await asyncio.sleep(self.predict_s)
+            if self.predict_after is not None:
+                await self.predict_after.wait()
+            elif self.clock is None:
+                await asyncio.sleep(self.predict_s)
             return Prediction.model_validate({"candidates": [calls] if calls else []}).model_dump()
 
         future = asyncio.ensure_future(predict())
@@ -129,8 +185,49 @@ class Script:
         yield TurnDelta("x")
         if turn == 0 and self.commit_after is not None:
             await self.commit_after.wait()
-        await asyncio.sleep(self.decode_s)
+        if self.before_commit is not None:
+            await self.before_commit(turn)
+        if self.clock is not None:
+            self.clock.advance(self.decode_s)
+        else:
+            await asyncio.sleep(self.decode_s)
         yield self.finals[turn]
+        # The router asks for the next event, finds none and reads its commit time at once.
+        self.committed.set()
+
+
+class Watched:
+    """The pre-executions the chat service made (`PreExecution`, recorded by the `watched`
+    fixture): a test can wait until every prediction so far has been handled."""
+
+    def __init__(self) -> None:
+        self.made: list[PreExecution] = []
+        self.settling = asyncio.Event()  # set as a turn's calls are reconciled
+
+    async def handled(self, turn: int = 0) -> None:
+        """Every watcher so far has ended: each prediction's allowed calls are dispatched, the
+        rest refused (or the watch was stopped)."""
+        watchers = {p._watcher for p in self.made if p._watcher is not None}
+        if watchers:
+            await asyncio.wait(watchers)
+
+
+@pytest.fixture
+def watched(monkeypatch: pytest.MonkeyPatch) -> Watched:
+    record = Watched()
+
+    class Recorded(PreExecution):
+        def watch(self, prediction: Awaitable[Any]) -> None:
+            record.made.append(self)
+            super().watch(prediction)
+
+        async def settle(self, committed: Iterable[Invocation],
+                         wait: bool) -> list[ToolRun | None]:
+            record.settling.set()
+            return await super().settle(committed, wait)
+
+    monkeypatch.setattr(chat_service, "PreExecution", Recorded)
+    return record
 
 
 def request(
@@ -172,81 +269,96 @@ def lookup(key: str, **extra: Any) -> dict[str, Any]:
 
 
 async def test_hit_without_execute_tools_reports_the_finished_result() -> None:
-    pool = FakePool(lookup_s=0.05)
+    clock = ManualClock()
+    pool = FakePool(lookup_s=0.05, clock=clock)
+    # The commit waits for the run's result: "finished before the commit" by construction.
     script = Script([final([lookup("a")])], predictions=[[lookup("a")]], decode_s=0.2,
-                    commit_after=pool.speculated)
-    out = await complete(ChatService("m", True, pool), request(), script)
+                    commit_after=pool.finished, clock=clock)
+    out = await complete(ChatService("m", True, pool, clock=clock), request(), script)
     call = out["choices"][0]["message"]["tool_calls"][0]
     [result] = out["ooo_spec"]["tool_results"]
     assert result["tool_call_id"] == call["id"]
     assert result["speculative"] is True and result["content"] == "value of a"
     # Finished before the commit: the whole latency overlapped decoding.
+    assert result["latency_ms"] == pytest.approx(50)
     assert result["saved_ms"] == pytest.approx(result["latency_ms"])
-    assert result["latency_ms"] >= 45
     assert pool.calls == [("lookup", {"key": "a"}, True)]
     assert out["ooo_spec"]["timings_ms"]["tools"] == 0.0
 
 
 async def test_without_execute_tools_a_run_still_in_flight_is_not_awaited() -> None:
-    pool = FakePool(lookup_s=1.0)
+    clock = ManualClock()
+    pool = FakePool(clock=clock, hold=asyncio.Event())  # the run never ends on its own
     script = Script([final([lookup("a")])], predictions=[[lookup("a")]], decode_s=0.05,
-                    commit_after=pool.speculated)
-    out = await complete(ChatService("m", True, pool), request(), script)
+                    commit_after=pool.speculated, clock=clock)
+    # Were the run awaited, the request would hang: the bound makes that a failure.
+    out = await asyncio.wait_for(complete(ChatService("m", True, pool, clock=clock), request(),
+                                          script), 30)
     # Dispatched before the commit, still running at it: neither awaited nor reported.
     assert pool.calls == [("lookup", {"key": "a"}, True)]
     assert out["ooo_spec"]["tool_results"] == []
-    await asyncio.sleep(0)
+    await asyncio.wait_for(pool.cancelled_run.wait(), 30)
     assert pool.cancelled == ["lookup"]
 
 
 async def test_canonical_hit_with_defaults_and_in_flight_wait_under_execute_tools() -> None:
-    pool = FakePool(lookup_s=0.3)
+    clock = ManualClock()
+    pool = FakePool(lookup_s=0.3, clock=clock)
     # Committed with the schema default written out: canonically the same call.
     script = Script(
         [final([lookup("a", mode="fast")]), final([], content="done")],
         predictions=[[lookup("a")]],
         decode_s=0.1,
         commit_after=pool.speculated,
+        clock=clock,
     )
-    out = await complete(ChatService("m", True, pool), request(execute_tools=True), script)
+    pool.hold = script.committed  # the run goes on until the commit, then takes its 0.3 s
+    out = await complete(ChatService("m", True, pool, clock=clock), request(execute_tools=True),
+                         script)
     [result] = out["ooo_spec"]["tool_results"]
     assert result["speculative"] is True
-    assert result["latency_ms"] >= 250
-    # Overlap ends at the commit (at least 0.1 s after dispatch), not at the finish.
-    assert 90 <= result["saved_ms"] < result["latency_ms"]
+    # Dispatched, 0.1 s of decoding to the commit, then the run's 0.3 s: the overlap ends at
+    # the commit, not at the finish.
+    assert result["latency_ms"] == pytest.approx(400)
+    assert result["saved_ms"] == pytest.approx(100)
     assert [c[2] for c in pool.calls] == [True]  # never run twice
     assert out["ooo_spec"]["timings_ms"]["tools"] > 0
     assert out["choices"][0]["message"] == {"role": "assistant", "content": "done"}
 
 
 async def test_miss_is_cancelled_and_the_committed_call_runs_after_the_commit() -> None:
-    pool = FakePool(lookup_s=0.5)
+    clock = ManualClock()
+    pool = FakePool(clock=clock, hold=asyncio.Event())  # the miss is in flight until cancelled
     script = Script(
         [final([lookup("b")]), final([], content="ok")],
         predictions=[[lookup("a")]],
         decode_s=0.05,
         commit_after=pool.speculated,
+        clock=clock,
     )
-    out = await complete(ChatService("m", True, pool), request(execute_tools=True), script)
+    out = await complete(ChatService("m", True, pool, clock=clock), request(execute_tools=True),
+                         script)
     [result] = out["ooo_spec"]["tool_results"]
     assert (result["content"], result["speculative"], result["saved_ms"]) == (
         "value of b", False, 0.0)
     assert pool.calls == [("lookup", {"key": "a"}, True), ("lookup", {"key": "b"}, False)]
-    await asyncio.sleep(0)
+    await asyncio.wait_for(pool.cancelled_run.wait(), 30)
     assert pool.cancelled == ["lookup"]
 
 
 async def test_every_tool_run_is_for_the_callers_tenant() -> None:
     """Pre-executed and committed calls alike carry the caller's tenant to the pool, which runs
     the tool in that tenant's context (per-tenant tool state: app/tools/call_context.py)."""
-    pool = FakePool(lookup_s=0.5)
+    clock = ManualClock()
+    pool = FakePool(clock=clock)
     script = Script(
         [final([lookup("b")]), final([], content="ok")],
         predictions=[[lookup("a")]],
         decode_s=0.05,
         commit_after=pool.speculated,
+        clock=clock,
     )
-    events = ChatService("m", True, pool).events(
+    events = ChatService("m", True, pool, clock=clock).events(
         request(execute_tools=True), script.start_sidecar, script.main_events, tenant="key-a")
     async for _ in events:
         pass
@@ -254,34 +366,45 @@ async def test_every_tool_run_is_for_the_callers_tenant() -> None:
     assert pool.tenants == ["key-a", "key-a"]
 
 
-async def test_non_idempotent_tool_is_never_pre_executed() -> None:
-    pool = FakePool()
+async def test_non_idempotent_tool_is_never_pre_executed(watched: Watched) -> None:
+    clock = ManualClock()
+    pool = FakePool(clock=clock)
     note = {"name": "note", "arguments": {"text": "hi"}}
-    script = Script([final([note]), final([], content="ok")], predictions=[[note]])
-    out = await complete(ChatService("m", True, pool), request(execute_tools=True), script)
+    # Each commit waits until its prediction was handled: refused, not merely late.
+    script = Script([final([note]), final([], content="ok")], predictions=[[note]], clock=clock,
+                    before_commit=watched.handled)
+    out = await complete(ChatService("m", True, pool, clock=clock), request(execute_tools=True),
+                         script)
     assert pool.calls == [("note", {"text": "hi"}, False)]
     assert pool.notes == ["hi"]
     [result] = out["ooo_spec"]["tool_results"]
     assert result["speculative"] is False
 
 
-async def test_pre_execution_switched_off_by_policy() -> None:
-    pool = FakePool()
-    script = Script([final([lookup("a")])], predictions=[[lookup("a")]])
-    service = ChatService("m", True, pool, ToolPolicy(pre_execute=False))
+async def test_pre_execution_switched_off_by_policy(watched: Watched) -> None:
+    clock = ManualClock()
+    pool = FakePool(clock=clock)
+    script = Script([final([lookup("a")])], predictions=[[lookup("a")]], clock=clock,
+                    before_commit=watched.handled)
+    service = ChatService("m", True, pool, ToolPolicy(pre_execute=False), clock=clock)
     out = await complete(service, request(), script)
+    assert len(watched.made) == 1  # the prediction was there, and handled before the commit
     assert pool.calls == [] and out["ooo_spec"]["tool_results"] == []
 
 
-async def test_loop_runs_max_steps_rounds_then_a_final_text_turn() -> None:
-    pool = FakePool(lookup_s=0.01)
+async def test_loop_runs_max_steps_rounds_then_a_final_text_turn(watched: Watched) -> None:
+    clock = ManualClock()
+    pool = FakePool(lookup_s=0.01, clock=clock)
+    # Each turn commits once its prediction's run was dispatched.
     script = Script(
         [final([lookup("a")]), final([lookup("b")]), final([], content="the answer")],
         predictions=[[lookup("a")], [lookup("b")]],
+        clock=clock,
+        before_commit=watched.handled,
     )
     named = {"type": "function", "function": {"name": "lookup"}}
     req = request(execute_tools=True, max_steps=2, tool_choice=named)
-    out = await complete(ChatService("m", True, pool), req, script)
+    out = await complete(ChatService("m", True, pool, clock=clock), req, script)
     message = out["choices"][0]["message"]
     assert message == {"role": "assistant", "content": "the answer"}
     assert out["choices"][0]["finish_reason"] == "stop"
@@ -306,10 +429,13 @@ async def test_loop_runs_max_steps_rounds_then_a_final_text_turn() -> None:
 
 
 async def test_unknown_tool_ends_the_loop_and_goes_back_to_the_client() -> None:
-    pool = FakePool(lookup_s=0.01)
+    clock = ManualClock()
+    pool = FakePool(lookup_s=0.01, clock=clock)
     weather = {"name": "get_weather", "arguments": {"text": "Paris"}}
-    script = Script([final([lookup("a"), weather])], predictions=[[lookup("a")]])
-    out = await complete(ChatService("m", True, pool), request(execute_tools=True), script)
+    script = Script([final([lookup("a"), weather])], predictions=[[lookup("a")]],
+                    commit_after=pool.finished, clock=clock)
+    out = await complete(ChatService("m", True, pool, clock=clock), request(execute_tools=True),
+                         script)
     message = out["choices"][0]["message"]
     assert [c["function"]["name"] for c in message["tool_calls"]] == ["lookup", "get_weather"]
     assert out["choices"][0]["finish_reason"] == "tool_calls"
@@ -321,34 +447,38 @@ async def test_unknown_tool_ends_the_loop_and_goes_back_to_the_client() -> None:
 
 
 async def test_parallel_identical_calls_use_one_pre_execution_each() -> None:
-    pool = FakePool(lookup_s=0.01)
+    clock = ManualClock()
+    pool = FakePool(lookup_s=0.01, clock=clock)
     script = Script([final([lookup("a"), lookup("a")]), final([], content="ok")],
-                    predictions=[[lookup("a")]])
-    out = await complete(ChatService("m", True, pool), request(execute_tools=True), script)
+                    predictions=[[lookup("a")]], commit_after=pool.speculated, clock=clock)
+    out = await complete(ChatService("m", True, pool, clock=clock), request(execute_tools=True),
+                         script)
     assert [r["speculative"] for r in out["ooo_spec"]["tool_results"]] == [True, False]
     assert [c[2] for c in pool.calls] == [True, False]
 
 
 async def test_disabled_speculation_still_runs_the_loop() -> None:
-    pool = FakePool(lookup_s=0.01)
-    script = Script([final([lookup("a")]), final([], content="ok")])
-    out = await complete(ChatService("m", True, pool), request(execute_tools=True, enabled=False),
-                         script)
+    clock = ManualClock()
+    pool = FakePool(lookup_s=0.01, clock=clock)
+    script = Script([final([lookup("a")]), final([], content="ok")], clock=clock)
+    out = await complete(ChatService("m", True, pool, clock=clock),
+                         request(execute_tools=True, enabled=False), script)
     assert script.sidecar_payloads == []
     assert out["ooo_spec"]["outcome"] == "disabled"
     [result] = out["ooo_spec"]["tool_results"]
     assert result["speculative"] is False
 
 
-async def test_prediction_after_the_commit_starts_nothing() -> None:
-    pool = FakePool()
-    script = Script([final([lookup("a")])], predictions=[[lookup("a")]], decode_s=0.01,
-                    predict_s=0.2)
-    out = await complete(ChatService("m", True, pool), request(), script)
-    # The prediction is done (arrived after the commit, or cancelled with the request's watch).
-    await asyncio.wait(script.predicted)
-    for _ in range(3):
-        await asyncio.sleep(0)  # and anything it could have started has had its turn
+async def test_prediction_after_the_commit_starts_nothing(watched: Watched) -> None:
+    clock = ManualClock()
+    pool = FakePool(clock=clock)
+    # The prediction arrives only once the committed calls are being reconciled.
+    script = Script([final([lookup("a")])], predictions=[[lookup("a")]], clock=clock,
+                    predict_after=watched.settling)
+    out = await complete(ChatService("m", True, pool, clock=clock), request(), script)
+    # The watch is over (it had the prediction, or was stopped): nothing more can start.
+    await asyncio.wait_for(watched.handled(), 30)
+    assert [p.dispatched for p in watched.made] == [0]
     assert pool.calls == [] and out["ooo_spec"]["tool_results"] == []
 
 
@@ -373,7 +503,8 @@ async def test_failed_prediction_means_no_pre_execution() -> None:
     broken: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
     broken.set_exception(RuntimeError("sidecar died"))
     pre.watch(broken)
-    await asyncio.sleep(0.01)
+    assert pre._watcher is not None
+    await asyncio.wait({pre._watcher})  # the watch saw the failure and ended
     assert await pre.settle([Invocation(name="lookup", arguments={"key": "a"})], wait=True) == [
         None]
     assert pool.calls == []
@@ -396,29 +527,35 @@ def test_sum_main() -> None:
 
 
 async def test_a_dropped_request_cancels_its_pre_executions() -> None:
-    pool = FakePool(lookup_s=5.0)
-    script = Script([final([lookup("a")])], predictions=[[lookup("a")]], decode_s=5.0)
-    consumer = asyncio.ensure_future(complete(ChatService("m", True, pool), request(), script))
+    clock = ManualClock()
+    pool = FakePool(clock=clock, hold=asyncio.Event())  # the run never ends on its own
+    # Nor does the main model's decoding: the client drops the request first.
+    script = Script([final([lookup("a")])], predictions=[[lookup("a")]],
+                    commit_after=asyncio.Event(), clock=clock)
+    consumer = asyncio.ensure_future(complete(ChatService("m", True, pool, clock=clock),
+                                              request(), script))
     await pool.speculated.wait()  # the prediction is in and the run dispatched
     assert pool.calls == [("lookup", {"key": "a"}, True)]
     consumer.cancel()
     with pytest.raises(asyncio.CancelledError):
         await consumer
-    await asyncio.sleep(0)
+    await asyncio.wait_for(pool.cancelled_run.wait(), 30)
     assert pool.cancelled == ["lookup"]
 
 
 @pytest.mark.parametrize("declared", [False, ["get_weather"]], ids=["none", "other-tool"])
 async def test_a_client_tool_sharing_a_server_tools_name_is_not_run_without_opt_in(
-    declared: bool | list[str],
+    declared: bool | list[str], watched: Watched,
 ) -> None:
     """`lookup` is registered on the server, but the request did not declare it the server's:
     neither pre-executed nor run; the committed call goes back to the client."""
-    pool = FakePool(lookup_s=0.05)
+    clock = ManualClock()
+    pool = FakePool(clock=clock)
     script = Script([final([lookup("a")]), final([], content="done")],
-                    predictions=[[lookup("a")]], decode_s=0.2)
-    out = await complete(ChatService("m", True, pool),
+                    predictions=[[lookup("a")]], clock=clock, before_commit=watched.handled)
+    out = await complete(ChatService("m", True, pool, clock=clock),
                          request(execute_tools=True, server_tools=declared), script)
+    assert len(watched.made) == 1  # the prediction was handled before the commit
     assert pool.calls == []
     assert out["ooo_spec"]["tool_results"] == []
     assert out["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "lookup"
