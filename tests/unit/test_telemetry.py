@@ -32,7 +32,7 @@ from app.telemetry import (
     trace_settings,
 )
 from app.tools.registry import ToolResult
-from tests.unit.test_agent_loop import FakePool, Script, final, lookup, request
+from tests.unit.test_agent_loop import FakePool, ManualClock, Script, final, lookup, request
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
@@ -151,8 +151,9 @@ def spans() -> Iterator[InMemorySpanExporter]:
 class TracedPool(FakePool):
     """FakePool that keeps the carrier each call would send to the tool worker."""
 
-    def __init__(self, lookup_s: float) -> None:
-        super().__init__(lookup_s)
+    def __init__(self, lookup_s: float, clock: ManualClock | None = None,
+                 hold: asyncio.Event | None = None) -> None:
+        super().__init__(lookup_s, clock, hold)
         self.carriers: list[tuple[bool, dict[str, str] | None]] = []
 
     async def execute(self, name: str, arguments: dict[str, Any], speculative: bool,
@@ -202,13 +203,16 @@ async def test_one_request_is_one_trace_with_the_loop_below_the_root(
 ) -> None:
     """A misprediction under execute_tools: the speculative run belongs to the turn, the
     committed run to `agent.tools`, and the sidecar/main calls carry the turn's context."""
-    pool = TracedPool(lookup_s=0.3)
+    clock = ManualClock()
+    # The speculative run is in flight until cancelled, and dispatched before the commit.
+    pool = TracedPool(lookup_s=0.3, clock=clock, hold=asyncio.Event())
     script = Script([final([lookup("b")]), final([], content="ok")],
-                    predictions=[[lookup("a")]], decode_s=0.05)
+                    predictions=[[lookup("a")]], decode_s=0.05, commit_after=pool.speculated,
+                    clock=clock)
     sink = RecordingSink()
-    service = ChatService("m", True, pool, metrics=sink)
-    out = await run(service, script)
-    await asyncio.sleep(0)
+    service = ChatService("m", True, pool, metrics=sink, clock=clock)
+    out = await asyncio.wait_for(run(service, script), 30)
+    await asyncio.wait_for(pool.cancelled_run.wait(), 30)  # the misprediction was stopped
 
     exported = spans.get_finished_spans()
     names = by_name(exported)
@@ -251,11 +255,16 @@ async def test_one_request_is_one_trace_with_the_loop_below_the_root(
 async def test_a_used_pre_execution_is_counted_with_its_saved_time(
     spans: InMemorySpanExporter,
 ) -> None:
-    pool = TracedPool(lookup_s=0.05)
-    script = Script([final([lookup("a")])], predictions=[[lookup("a")]], decode_s=0.2)
+    clock = ManualClock()
+    pool = TracedPool(lookup_s=0.05, clock=clock)
+    # The commit waits for the run's result: used, and its whole 50 ms saved.
+    script = Script([final([lookup("a")])], predictions=[[lookup("a")]], decode_s=0.2,
+                    commit_after=pool.finished, clock=clock)
     sink = RecordingSink()
-    out = await run(ChatService("m", True, pool, metrics=sink), script, execute_tools=False)
+    out = await run(ChatService("m", True, pool, metrics=sink, clock=clock), script,
+                    execute_tools=False)
     [result] = out["ooo_spec"]["tool_results"]
+    assert result["saved_ms"] == pytest.approx(50)
     assert sink.total(PRE_EXECUTIONS.name, result="used") == 1
     assert sink.total(TOOL_SAVED.name, tool="lookup") == pytest.approx(result["saved_ms"])
     [reconcile] = by_name(spans.get_finished_spans())["reconcile"]
