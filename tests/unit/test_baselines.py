@@ -21,7 +21,15 @@ from app.config_check import check_application
 from app.engine import baselines
 from app.engine.baselines import baseline_service
 from app.openai_models import ChatCompletionRequest
-from tests.unit.test_agent_loop import FakePool, Script, complete, final, lookup, request
+from tests.unit.test_agent_loop import (
+    FakePool,
+    ManualClock,
+    Script,
+    complete,
+    final,
+    lookup,
+    request,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -216,21 +224,24 @@ async def test_pre_execute_false_waits_for_the_commit_even_on_a_right_prediction
     assert pool.calls == [("lookup", {"key": "a"}, False)]
     [result] = out["ooo_spec"]["tool_results"]
     assert result["speculative"] is False and result["saved_ms"] == 0
-    # The same request with pre-execution on starts the tool from the prediction.
+    # The same request with pre-execution on starts the tool from the prediction (the commit
+    # waits until it did).
     pool = FakePool(lookup_s=0.05)
     out = await complete(ChatService("m", True, pool), request(execute_tools=True, max_steps=1),
-                         Script(finals, predictions=[[lookup("a")]], decode_s=0.2))
+                         Script(finals, predictions=[[lookup("a")]], decode_s=0.2,
+                                commit_after=pool.speculated))
     assert pool.calls == [("lookup", {"key": "a"}, True)]
     assert out["ooo_spec"]["tool_results"][0]["speculative"] is True
 
 
 async def test_first_commit_is_the_first_turns_commit_not_the_end() -> None:
-    pool = FakePool(lookup_s=0.3)
+    clock = ManualClock()  # time moves only as the fakes spend it
+    pool = FakePool(lookup_s=0.3, clock=clock)
     finals = [final([lookup("a")]), final([], content="done")]
-    out = await complete(ChatService("m", False, pool), request(execute_tools=True, max_steps=1,
-                                                                 enabled=False),
-                         Script(finals, decode_s=0.1))
+    out = await complete(ChatService("m", False, pool, clock=clock),
+                         request(execute_tools=True, max_steps=1, enabled=False),
+                         Script(finals, decode_s=0.1, clock=clock))
     timings = out["ooo_spec"]["timings_ms"]
-    # Turn 1 commits after ~0.1 s; then the tool (0.3 s) and turn 2 (0.1 s) follow.
-    assert 80 <= timings["first_commit"] < 300
-    assert timings["total"] >= timings["first_commit"] + 350
+    # Turn 1 commits after 0.1 s; then the tool (0.3 s) and turn 2 (0.1 s) follow.
+    assert timings["first_commit"] == pytest.approx(100)
+    assert timings["total"] == pytest.approx(500)

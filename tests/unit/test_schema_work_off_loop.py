@@ -36,7 +36,7 @@ async def test_the_router_classifies_and_keys_calls_off_its_loop(
     pool = FakePool(lookup_s=0.01)
     # Equal only once the schema's default is filled in: the keys did validate.
     script = Script([final([lookup("a", mode="fast")]), final([], "done")],
-                    predictions=[[lookup("a")]])
+                    predictions=[[lookup("a")]], commit_after=pool.speculated)
     out = await complete(ChatService("m", True, pool), request(execute_tools=True), script)
     [result] = out["ooo_spec"]["tool_results"]
     assert result["speculative"] is True  # the pre-executed run answered the committed call
