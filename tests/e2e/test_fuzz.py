@@ -96,6 +96,11 @@ def mutated(draw: st.DrawFn) -> dict[str, Any]:
         request.pop(draw(st.sampled_from(sorted(request))))
     elif action == "add":
         request[draw(st.text(min_size=1, max_size=10))] = draw(json_values)
+    if not (isinstance(request.get("max_tokens"), int) and 1 <= request["max_tokens"] <= 8):
+        # max_tokens dropped or replaced (null means the model's whole context): the request
+        # still carries the odd value, and max_completion_tokens, which takes precedence,
+        # keeps the generation short, so a loaded machine cannot turn it into a timeout.
+        request.setdefault("max_completion_tokens", 8)
     return request
 
 
