@@ -4,26 +4,33 @@ the tool thread alike, and one call's context never leaks into another's."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 from app.tenancy import ANONYMOUS_TENANT
 from app.tools.call_context import ToolCallContext, current_call
 from app.tools.registry import ToolRegistry, tool
 
 
-@tool
-def whose_sync() -> str:
-    """The tenant a sync tool (run in the registry's thread pool) sees."""
-    return current_call().tenant
+def registry(calls_together: int = 1) -> ToolRegistry:
+    """`whose_sync` and `whose_async` tell the tenant their call sees. With `calls_together`,
+    each call waits until that many calls of its tool are in flight at once, so every one of
+    them reads its tenant while the others are mid-call (the generous timeouts only turn a call
+    that never gets company into a failure)."""
+    in_threads = threading.Barrier(calls_together)
+    on_loop = asyncio.Barrier(calls_together)
 
+    @tool(timeout_s=120)
+    def whose_sync() -> str:
+        """The tenant a sync tool (run in the registry's thread pool) sees."""
+        in_threads.wait(timeout=60)
+        return current_call().tenant
 
-@tool
-async def whose_async() -> str:
-    """The tenant an async tool (run on the worker's loop) sees."""
-    await asyncio.sleep(0)
-    return current_call().tenant
+    @tool(timeout_s=120)
+    async def whose_async() -> str:
+        """The tenant an async tool (run on the worker's loop) sees."""
+        await asyncio.wait_for(on_loop.wait(), 60)
+        return current_call().tenant
 
-
-def registry() -> ToolRegistry:
     tools = ToolRegistry()
     tools.register_function(whose_sync)
     tools.register_function(whose_async)
@@ -31,7 +38,7 @@ def registry() -> ToolRegistry:
 
 
 async def test_sync_and_async_tools_see_their_calls_tenant() -> None:
-    tools = registry()
+    tools = registry(calls_together=8)
     for name in ("whose_sync", "whose_async"):
         calls = [tools.execute(name, {}, ToolCallContext(f"key-{i}")) for i in range(8)]
         results = await asyncio.gather(*calls)
