@@ -385,11 +385,14 @@ def build_request(case: Case, mode: Mode, settings: RequestSettings) -> dict[str
         options.update(execute_tools=True, max_steps=case.max_steps, server_tools=True)
     else:
         # Every mode asks the same question: a call remembered from another mode's run would
-        # answer it (history candidates are for agents that repeat themselves). The same holds
-        # for the tenant's earlier outputs (the `suffix` source): one tenant sends every mode.
-        # vLLM's `suffix` engine keeps its tree of earlier outputs: it sees only its own.
+        # answer it (history candidates are for agents that repeat themselves), so history is
+        # off. The tenant's earlier outputs (the `suffix` source) stay on, in an index of the
+        # mode's own (one tenant sends every mode): like vLLM's `suffix` engine, which sees
+        # only its own requests, each mode remembers its earlier cases and turns, never another
+        # mode's answer to the same question.
         options = kwargs["extra_body"].setdefault("ooo_spec", {})
-        options.update(history=False, suffix=False)
+        options["history"] = False
+        options.setdefault("diagnostics", {})["suffix_scope"] = f"bench:{mode.name}"
         if case.category in PARALLEL_CATEGORIES:
             kwargs["parallel_tool_calls"] = True
     return kwargs

@@ -151,10 +151,10 @@ def test_build_request() -> None:
     assert kwargs["tool_choice"] == "required"
     assert kwargs["temperature"] == 0
     assert kwargs["max_tokens"] == 256
-    # BFCL asks the same question in every mode: no history candidates or earlier outputs
-    # (the suffix source) from the other runs.
+    # BFCL asks the same question in every mode: no history candidates, and earlier outputs
+    # (the suffix source) only from the mode's own runs.
     assert kwargs["extra_body"] == {"ooo_spec": {"enabled": False, "history": False,
-                                                 "suffix": False}}
+                                                 "diagnostics": {"suffix_scope": "bench:plain"}}}
     assert "parallel_tool_calls" not in kwargs
     kwargs["extra_body"]["ooo_spec"]["enabled"] = True  # a copy: the registry is untouched
     assert MODES["plain"].extra_body == {"ooo_spec": {"enabled": False}}
@@ -459,7 +459,8 @@ def test_agent_requests_run_the_loop_in_every_mode() -> None:
         assert "execute_tools" not in MODES[name].extra_body["ooo_spec"]
     bfcl = build_request(make_case(), MODES["ngram"], settings)
     assert bfcl["extra_body"] == {"ooo_spec": {"enabled": False, "baseline": "ngram",
-                                               "history": False, "suffix": False}}
+                                               "history": False,
+                                               "diagnostics": {"suffix_scope": "bench:ngram"}}}
 
 
 def test_plan_runs_ooo_tools_only_on_the_agent_set_and_warms_each_source() -> None:
@@ -771,7 +772,10 @@ def test_parse_and_request_the_multi_turn_dataset() -> None:
     assert kwargs["messages"] == step.messages and kwargs["tool_choice"] == "required"
     # Every mode is asked the same: no call or output remembered from another mode's run.
     assert kwargs["extra_body"]["ooo_spec"]["history"] is False
-    assert kwargs["extra_body"]["ooo_spec"]["suffix"] is False
+    assert "suffix" not in kwargs["extra_body"]["ooo_spec"]  # on, in the mode's own index
+    assert kwargs["extra_body"]["ooo_spec"]["diagnostics"]["suffix_scope"] == "bench:ooo"
+    other = build_request(step, MODES["drafts"], RequestSettings(model="m"))
+    assert other["extra_body"]["ooo_spec"]["diagnostics"]["suffix_scope"] == "bench:drafts"
 
 
 def test_multi_turn_record_knows_its_conversation_and_is_scored() -> None:
