@@ -52,7 +52,13 @@ async def test_identical_work_in_flight_runs_once() -> None:
     await started(gate)
     others = [asyncio.ensure_future(pool.run("t", "k", Gate("again", log), LONG, LONG))
               for _ in range(7)]
-    await asyncio.sleep(0)  # let them join before the work ends
+    # All seven have joined the running work (its count of waiting requests) before it ends;
+    # each joins in its first step, so a turn of the loop does it (the bound is on turns).
+    for _ in range(10_000):
+        work = pool._work.get(("t", "k"))
+        if work is not None and work.waiters == 8:
+            break
+        await asyncio.sleep(0)
     gate.open.set()
     assert await asyncio.gather(first, *others) == ["a"] * 8
     assert log == ["a"]
