@@ -54,6 +54,9 @@ class FakeEngine:
         self.gate = gate
         self.fail = fail
         self.requests: list[tuple[list[int], dict[str, Any]]] = []
+        # Per request, the object whose `on_start` the service handed in (the main model's
+        # candidate feed): a gate can wait on what it has received.
+        self.feeds: list[Any] = []
         self.healthy = True
         self.passes = 0  # as VllmEngine.passes: one per piece written
 
@@ -83,6 +86,7 @@ class FakeEngine:
             raise self.fail
         request_id = f"req-{len(self.requests) - 1}"
         if on_start is not None:
+            self.feeds.append(getattr(on_start, "__self__", None))
             on_start(request_id)
         if self.gate is not None:
             await self.gate(self)

@@ -42,7 +42,7 @@ async def drafts_arrived(engine: FakeEngine) -> None:
         while not engine.store.added and not any(
                 gate.candidates("") for _, gate in engine.store.gates):
             await asyncio.sleep(0.01)
-    await asyncio.wait_for(wait(), 10)
+    await asyncio.wait_for(wait(), 60)  # a bound on waiting only
 
 
 async def run(service: MainModelService, request: ChatCompletionRequest,
@@ -97,8 +97,11 @@ async def test_a_sidecar_that_never_answers_is_late_and_one_that_fails_is_an_err
         raise RuntimeError("sidecar down")
 
     async def settle(engine: FakeEngine) -> None:
-        for _ in range(50):  # the failure lands a few loop turns after the start
-            await asyncio.sleep(0)
+        # Decoding starts once the sidecar's failure has landed in the request's feed.
+        async def landed() -> None:
+            while engine.feeds[-1].intake.status == "pending":
+                await asyncio.sleep(0)
+        await asyncio.wait_for(landed(), 60)  # a bound on waiting only
 
     _, failed = await run(main_service(FakeEngine([CALL], gate=settle)), chat(), broken())
     assert failed.sidecar.status == "error" and "sidecar down" in (failed.sidecar.error or "")
