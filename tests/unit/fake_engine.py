@@ -97,7 +97,7 @@ class FakeEngine:
             record_pass(self.passes)
             yield StepDelta([100 + index], text, last, "stop" if last else None, float(index),
                             pass_index=self.passes)
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # a pass's turn of the loop, as a real engine; not a wait
 
     async def generate(
         self, prompt_token_ids: list[int], sampling: dict[str, Any]

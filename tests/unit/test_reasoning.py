@@ -126,7 +126,7 @@ class _Engine:
         for i, text in enumerate(self.deltas):
             last = i == len(self.deltas) - 1
             yield StepDelta([i], text, last, "stop" if last else None, 0.0)
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # a pass's turn of the loop, as a real engine; not a wait
 
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
