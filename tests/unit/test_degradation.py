@@ -34,11 +34,12 @@ def final(status: SidecarStatus) -> TurnResult:
 
 
 class Calls:
-    """A sidecar that never answers and a main model that decodes `steps` deltas."""
+    """A sidecar that never answers and a main model that decodes `steps` deltas (with `hang`,
+    then decodes on until cancelled: it never ends on its own)."""
 
-    def __init__(self, steps: int, step_s: float = 0.0, status: SidecarStatus = "late") -> None:
+    def __init__(self, steps: int, status: SidecarStatus = "late", hang: bool = False) -> None:
         self.steps = steps
-        self.step_s = step_s
+        self.hang = hang
         self.status = status
         self.sidecar_cancels = 0
         self.main_closed = False
@@ -55,8 +56,10 @@ class Calls:
     async def main_events(self, payload: dict[str, Any], token: Any) -> AsyncIterator[Any]:
         try:
             for _ in range(self.steps):
-                await asyncio.sleep(self.step_s)
+                await asyncio.sleep(0)  # a decoding step's turn of the loop; not a wait
                 yield TurnDelta("x")
+            if self.hang:
+                await asyncio.Event().wait()  # nothing sets it
             yield final(self.status)
         finally:
             self.main_closed = True
@@ -88,7 +91,7 @@ async def test_a_missing_sidecar_answer_is_reported_not_fatal(status: str, outco
 
 
 async def test_a_dropped_request_stops_main_and_sidecar() -> None:
-    calls = Calls(steps=1000, step_s=0.01)
+    calls = Calls(steps=1, hang=True)
     seen = asyncio.Event()
 
     async def consume() -> None:
@@ -105,12 +108,16 @@ async def test_a_dropped_request_stops_main_and_sidecar() -> None:
 
 
 async def test_the_deadline_stops_main_and_sidecar() -> None:
-    calls = Calls(steps=1000, step_s=0.01)
-    with pytest.raises(ApiError) as caught:
+    calls = Calls(steps=1, hang=True)  # only the deadline can end the request
+
+    async def drain() -> None:
         async for _ in with_deadline(
             service().events(request(), calls.start_sidecar, calls.main_events), 0.1
         ):
             pass
+
+    with pytest.raises(ApiError) as caught:
+        await asyncio.wait_for(drain(), 30)  # a bound on waiting: a deadline must fire
     assert caught.value.code == "deadline_exceeded"
     assert calls.main_closed
     assert calls.sidecar_cancels == 1
