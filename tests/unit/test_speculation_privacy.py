@@ -45,8 +45,8 @@ async def dispatched(policy: ToolPolicy, calls: list[str]) -> list[tuple[str, bo
     ready: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
     ready.set_result(prediction.model_dump())
     pre.watch(ready)
-    for _ in range(20):
-        await asyncio.sleep(0.005)
+    assert pre._watcher is not None
+    await asyncio.wait({pre._watcher})  # the prediction handled: its allowed calls dispatched
     await pre.settle([Invocation(name=n, arguments={"q": "x"}) for n in calls], wait=True)
     return pool.calls
 
