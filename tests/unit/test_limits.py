@@ -16,7 +16,6 @@ from app.api.limits import check_request, json_depth, with_deadline
 from app.api.request_checks import parse_request
 from app.config import LimitsConfig
 from app.openai_models import ChatCompletionRequest
-from tests.unit.loop_ticks import loop_ticks
 
 LIMITS = LimitsConfig(max_json_depth=16, max_messages=3, max_tools=2, max_schema_bytes=300,
                       max_schema_depth=6, max_tokens=100)
@@ -146,15 +145,19 @@ async def test_deadline_cuts_a_slow_stream_and_closes_it() -> None:
     async def slow() -> AsyncIterator[int]:
         try:
             yield 1
-            await asyncio.sleep(10)
+            await asyncio.Event().wait()  # nothing sets it: only the deadline ends the wait
             yield 2
         finally:
             closed.set()
 
     got: list[int] = []
-    with pytest.raises(ApiError) as caught:
+
+    async def drain() -> None:
         async for item in with_deadline(slow(), 0.2):
             got.append(item)
+
+    with pytest.raises(ApiError) as caught:
+        await asyncio.wait_for(drain(), 30)  # a bound on waiting: the deadline must fire
     assert got == [1]
     assert caught.value.status == 503 and caught.value.code == "deadline_exceeded"
     assert "0.2 s" in caught.value.message
@@ -178,16 +181,22 @@ async def test_deadline_passes_a_fast_stream_and_its_own_errors_through() -> Non
 
 
 async def test_deadline_counts_from_the_start_not_per_item() -> None:
-    async def steady() -> AsyncIterator[int]:
-        for i in range(10):
-            await asyncio.sleep(0.05)
+    """Every item of this endless stream comes at once, so no wait for one item comes near the
+    deadline: only a deadline counted from the start ends it."""
+    async def endless() -> AsyncIterator[int]:
+        i = 0
+        while True:
+            await asyncio.sleep(0)  # the producer's turn of the loop; not a wait
             yield i
+            i += 1
 
-    got: list[int] = []
-    with pytest.raises(ApiError):
-        async for item in with_deadline(steady(), 0.22):
-            got.append(item)
-    assert 2 <= len(got) <= 5
+    async def drain() -> None:
+        async for _ in with_deadline(endless(), 0.2):
+            pass
+
+    with pytest.raises(ApiError) as caught:
+        await asyncio.wait_for(drain(), 30)  # a bound on waiting: the deadline must fire
+    assert caught.value.code == "deadline_exceeded"
 
 
 # ----- issue 20: caps on stop, arguments, total schema bytes, expansion, patterns, seed ------
@@ -270,21 +279,32 @@ async def test_read_limited_refuses_by_content_length_and_while_reading() -> Non
 async def test_off_loop_refuses_work_past_its_cpu_time_with_a_400_and_keeps_the_loop_free(
 ) -> None:
     import threading
+    import time
 
     from app.api.limits import off_loop
 
-    release = threading.Event()
+    loop = asyncio.get_running_loop()
+    began = asyncio.Event()
+    release, ended = threading.Event(), threading.Event()
 
     def busy() -> None:
-        while not release.wait(0):  # CPU, until released
+        loop.call_soon_threadsafe(began.set)
+        # CPU, until released; the deadline only keeps a broken test from spinning for ever.
+        give_up = time.monotonic() + 60
+        while not release.wait(0) and time.monotonic() < give_up:
             pass
+        ended.set()
 
-    async with loop_ticks() as ticks:
+    checking = asyncio.ensure_future(off_loop(busy, 0.3, 60, "checking"))
+    try:
+        # The loop hears from the work while it holds its thread (bounds: waiting only).
+        await asyncio.wait_for(began.wait(), 30)
         with pytest.raises(ApiError) as caught:
-            await off_loop(busy, 0.3, 60, "checking")
-    release.set()
+            await asyncio.wait_for(checking, 30)
+        assert not ended.is_set()  # refused while the work still ran
+    finally:
+        release.set()
     assert caught.value.status == 400 and caught.value.code == "request_too_complex"
-    assert ticks.count >= 10  # the loop ran while the work held its thread
     assert await off_loop(lambda: 7, 1, 60, "checking") == 7
 
 
@@ -296,8 +316,13 @@ async def test_off_loop_waits_out_a_thread_that_gets_no_cpu_up_to_the_wait_cap()
     # A blocked thread stands in for one a loaded machine does not run: no CPU spent, so
     # no 400 at the CPU limit; the wait's cap still ends it.
     assert await off_loop(lambda: threading.Event().wait(0.5) or 7, 0.1, 60, "checking") == 7
-    with pytest.raises(ApiError) as caught:
-        await off_loop(lambda: threading.Event().wait(5), 0.1, 0.3, "checking")
+    release = threading.Event()
+    try:
+        with pytest.raises(ApiError) as caught:
+            # Blocked until the test is done: only the wait's cap can answer.
+            await asyncio.wait_for(off_loop(lambda: release.wait(60), 0.1, 0.3, "checking"), 30)
+    finally:
+        release.set()
     assert caught.value.code == "request_too_complex"
 
 
