@@ -1,8 +1,8 @@
 """Issue 29 on real deployments: one tenant's slow grammars cannot starve another tenant.
 
-Tenant A floods the main replica with 4 concurrent forced calls, each with its own schema of 12
+Tenant A floods the main replica with 4 concurrent forced calls, each with its own schema of 8
 string properties of distinct long `maxLength`s: about 2 s of grammar compile per property on
-the embedded model's vocabulary, some 23 s of CPU per request, each refused (400
+the embedded model's vocabulary, some 16 s of CPU per request, each refused (400
 `grammar_too_slow`) once its compile has spent `limits.grammar_compile_timeout_s`. Once A's
 first refusal is back (every one of A's compiles is then running or queued), tenant B sends a
 forced call with a schema nobody sent before. B is answered, with its call, while A's flood is
@@ -46,9 +46,9 @@ def forced(parameters: dict[str, Any], content: str) -> dict[str, Any]:
 
 
 def slow_schema(index: int) -> dict[str, Any]:
-    """12 long strings, lengths no other request uses: nothing to share, every grammar new."""
-    properties = {f"field_{i}": {"type": "string", "maxLength": 2000 + 12 * index + i}
-                  for i in range(12)}
+    """8 long strings, lengths no other request uses: nothing to share, every grammar new."""
+    properties = {f"field_{i}": {"type": "string", "maxLength": 2000 + 8 * index + i}
+                  for i in range(8)}
     return {"type": "object", "properties": properties, "required": list(properties)}
 
 
