@@ -75,11 +75,33 @@ def test_wrong_prediction_validates_but_is_wrong() -> None:
 async def test_hang_holds_the_call_until_the_fault_is_cleared() -> None:
     import asyncio
 
-    plan = FaultPlan(True, {"hang"})
-    plan.arm("hang")
+    class CountingClock(Clock):
+        """A clock that stands still (the fault never expires) and counts its readings: each
+        of the hang's checks of the fault reads it once."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.reads = 0
+            self.more = asyncio.Event()
+
+        def __call__(self) -> float:
+            self.reads += 1
+            self.more.set()
+            return super().__call__()
+
+    async def reads_reach(clock: CountingClock, count: int) -> None:
+        while clock.reads < count:
+            clock.more.clear()
+            await clock.more.wait()
+
+    clock = CountingClock()
+    plan = FaultPlan(True, {"hang"}, clock)
+    plan.arm("hang")  # one reading
     held = asyncio.ensure_future(plan.hang())
-    await asyncio.sleep(0.15)
+    # The hang checked the fault three times (on entry and after two of its polls), and holds
+    # on (the bound is on waiting only).
+    await asyncio.wait_for(reads_reach(clock, 4), 30)
     assert not held.done() and plan.waiting == 1
     plan.clear()
-    await asyncio.wait_for(held, 2)
+    await asyncio.wait_for(held, 30)
     assert plan.waiting == 0
