@@ -26,10 +26,12 @@ class FakeEngineCore:
 class FakeLLMEngine:
     def __init__(self) -> None:
         self.stepped_on: set[str] = set()
+        self.stepped = threading.Event()  # set once the step loop has looked at the engine
         self.engine_core = FakeEngineCore()
 
     def has_unfinished_requests(self) -> bool:
         self.stepped_on.add(threading.current_thread().name)
+        self.stepped.set()
         return False
 
 
@@ -65,10 +67,7 @@ def test_build_and_steps_happen_on_the_same_thread(
         # The engine's environment was set before the build (read by vLLM at import).
         assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "0"
         assert e.launch is not None and e.launch.platform == "cpu"
-        for _ in range(100):
-            if fake.stepped_on:
-                break
-            threading.Event().wait(0.01)
+        assert fake.stepped.wait(60)  # a bound on waiting only: the step loop looked
         assert fake.stepped_on == {"vllm-step-loop"}
     finally:
         e.stop()
