@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 import mcp_types
+import psutil
 import pytest
 
 from app.config import McpServerConfig, ToolOverride
@@ -26,6 +27,12 @@ EXAMPLE = McpServerConfig(
     startup_timeout_s=60,
 )
 SCHEMA: dict[str, Any] = {"type": "object", "properties": {"q": {"type": "string"}}}
+
+
+def example_servers() -> list[psutil.Process]:
+    """The example MCP server processes this process started."""
+    return [child for child in psutil.Process().children(recursive=True)
+            if "app.tools.mcp_example_server" in " ".join(child.cmdline())]
 
 
 def mcp_tool(**hints: bool) -> mcp_types.Tool:
@@ -106,9 +113,18 @@ async def test_example_server_over_stdio() -> None:
         counts = [(await registry.execute("record_visit", {"place": "Oslo"})).content for _ in "ab"]
         assert counts == ["1", "2"]
 
-        # Timeouts apply to MCP tools too (and overrides can name them).
-        registry.apply_overrides({"lookup_capital": ToolOverride(timeout_s=0.001)})
-        result = await registry.execute("lookup_capital", {"country": "Japan"})
+        # Timeouts apply to MCP tools too (and overrides can name them). The server is stopped
+        # (SIGSTOP) while the call is out: only the timeout can answer it, however fast the
+        # server would have been; then it runs on.
+        registry.apply_overrides({"lookup_capital": ToolOverride(timeout_s=0.2)})
+        [server] = example_servers()
+        server.suspend()
+        try:
+            # The bound only keeps a broken timeout from hanging the run.
+            result = await asyncio.wait_for(
+                registry.execute("lookup_capital", {"country": "Japan"}), 30)
+        finally:
+            server.resume()
         assert result.is_error and "timed out" in result.content
         # The session survives a timed-out call.
         assert (await registry.execute("count_visit", {"place": "Rome"})).content == "1"
