@@ -274,6 +274,25 @@ class MainReport(BaseModel):
     decode_ms: float = 0.0
     # Drafted, accepted and gained tokens per draft source (app/speculation/draft_sources.py).
     sources: SourceTallies = Field(default_factory=SourceTallies)
+    # Prompt tokens the engine's prefix cache served instead of prefilling them.
+    cached_tokens: int = 0
+
+
+# Why a replica was chosen under cache-affinity routing (app/api/prefix_index.py).
+RoutingReason = Literal["affinity", "no_match", "short_match", "imbalanced"]
+
+
+class RouteReport(BaseModel):
+    """Where one main call ran and what the prefix cache gave it (issue 31,
+    docs/operations.md "Cache affinity across replicas")."""
+
+    replica: str | None = None  # the MainModel replica's id
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # of them, served by the replica's prefix cache (this tenant's)
+    # How cache-affinity routing chose the replica: `affinity` (it held the longest prefix of
+    # this tenant's prompt) or why power of two choices did; None: Serve's own router chose.
+    decision: RoutingReason | None = None
+    matched_chars: int = 0  # the longest prefix a live replica held, in rendered characters
 
 
 class ToolResultReport(BaseModel):
@@ -334,3 +353,5 @@ class OooSpecReport(BaseModel):
     timings_ms: TimingsReport = Field(default_factory=TimingsReport)
     # One per turn that could have called the sidecar (none when the request did not want it).
     sidecar_decisions: list[SidecarDecision] = Field(default_factory=list)
+    # One per main call, in turn order.
+    routing: list[RouteReport] = Field(default_factory=list)

@@ -534,10 +534,18 @@ ROUTING_DECISIONS = MetricSpec(
     "imbalanced (power of two choices decided).",
     ("target", "reason"),
 )
+PROMPT_TOKENS = MetricSpec(
+    "ooo_spec_prompt_tokens", "counter",
+    "Prompt tokens a MainModel or Sidecar engine prefilled, by whether vLLM's prefix cache "
+    "served them (cached=true) or they were computed (cached=false); Serve's own `deployment` "
+    "tag splits them per deployment: the prefix cache hit rate that cache-affinity routing "
+    "keeps up.",
+    ("cached",),
+)
 METRICS: tuple[MetricSpec, ...] = (
     REQUESTS, HIT_RATE, DRAFTED_TOKENS, ACCEPTED_TOKENS, MAIN_STEPS, SIDECAR_LATENCY,
     TOOL_LATENCY, TOOL_SAVED, PRE_EXECUTIONS, SOURCE_DRAFTED, SOURCE_ACCEPTED, SOURCE_GAIN,
-    SIDECAR_DECISIONS, ROUTING_DECISIONS,
+    SIDECAR_DECISIONS, ROUTING_DECISIONS, PROMPT_TOKENS,
 )
 
 
@@ -631,6 +639,17 @@ def main_measurements(final: TurnResult, speculative: bool) -> list[Measurement]
 
 def routing_measurements(target: str, reason: str) -> list[Measurement]:
     return [Measurement(ROUTING_DECISIONS, 1, {"target": target, "reason": reason})]
+
+
+def prefill_measurements(prompt_tokens: int, cached_tokens: int) -> list[Measurement]:
+    """An engine's prefilled prompt tokens since the last count, split by the prefix cache
+    (Serve tags the deployment itself)."""
+    if prompt_tokens <= 0:
+        return []
+    return [
+        Measurement(PROMPT_TOKENS, float(cached_tokens), {"cached": "true"}),
+        Measurement(PROMPT_TOKENS, float(prompt_tokens - cached_tokens), {"cached": "false"}),
+    ]
 
 
 def sidecar_measurements(status: str, elapsed_ms: float) -> list[Measurement]:

@@ -7,12 +7,14 @@ very replica that decodes the request, and decoding never waits for it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
 from ray import serve
 
 from app import telemetry
+from app.api.prefix_index import ROUTE_KEY
 from app.config import load_config
 from app.engine.baselines import baseline_service
 from app.engine.main_model import MainModelService
@@ -34,6 +36,8 @@ class MainModel:
         )
         self.record_content = loaded.telemetry.record_content
         self.metrics = ServeMetrics()
+        # Reported with each result (`ooo_spec.routing`): where cache-affinity routing sent it.
+        self.replica = serve.get_replica_context().replica_id.unique_id
         telemetry.setup_tracing(f"main_{baseline}" if baseline else "main")
         self.service.start()
 
@@ -62,6 +66,7 @@ class MainModel:
         raw_prompt: str | list[int] | None = None,
     ) -> AsyncIterator[TurnEvent | TurnError]:
         tenant = str(payload.pop(TENANT_KEY, ANONYMOUS_TENANT))
+        payload.pop(ROUTE_KEY, None)  # the Router's, for its own bookkeeping
         request = ChatCompletionRequest.model_validate(payload)
         try:
             prepared = await self.service.prepare_shared(request, raw_prompt, tenant=tenant)
@@ -80,12 +85,15 @@ class MainModel:
             async for event in self.service.run(prepared, candidates,
                                                 telemetry.context_of(span)):
                 if isinstance(event, TurnResult):
+                    event = dataclasses.replace(event, replica=self.replica)
                     telemetry.set_attributes(
                         span, telemetry.main_attributes(event, self.record_content)
                     )
                     telemetry.record_all(
                         self.metrics, telemetry.main_measurements(event, prepared.speculate)
                     )
+                    telemetry.record_all(self.metrics, telemetry.prefill_measurements(
+                        *self.service.engine.prefills.take()))
                 yield event
         except Exception as exc:  # vLLM's refusal comes before any event
             refused = engine_rejection(exc)

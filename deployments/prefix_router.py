@@ -12,7 +12,8 @@ replicas). The request's first argument is the payload the Router sends (the cha
 the tenant under `TENANT_KEY`, app/tenancy.py); the logic is `app/api/prefix_index.py`, this
 file is glue. Anything it cannot key (no payload, a completions prompt) goes to power of two
 choices, as does a short match or a replica loaded beyond `max_imbalance`. Each decision is
-counted (`ooo_spec_routing_decisions`, app/telemetry.py) and logged.
+counted (`ooo_spec_routing_decisions`, app/telemetry.py), logged, and left in `ROUTING_LOG` under
+the payload's route id for the request's `ooo_spec.routing`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,14 @@ from ray.serve._private.request_router import PowerOfTwoChoicesRequestRouter
 from ray.serve.request_router import PendingRequest, ReplicaID, RunningReplica
 
 from app import telemetry
-from app.api.prefix_index import PromptKey, TenantPrefixIndex, affinity_decision, prompt_key
+from app.api import prefix_index
+from app.api.prefix_index import (
+    ROUTE_KEY,
+    PromptKey,
+    TenantPrefixIndex,
+    affinity_decision,
+    prompt_key,
+)
 from app.tenancy import ANONYMOUS_TENANT, TENANT_KEY
 from deployments.metrics import ServeMetrics
 
@@ -43,6 +51,13 @@ def payload_key(args: list[Any]) -> PromptKey | None:
     tools = payload.get("tools")
     tenant = payload.get(TENANT_KEY, ANONYMOUS_TENANT)
     return prompt_key(str(tenant), tools if isinstance(tools, list) else [], messages)
+
+
+def payload_route(args: list[Any]) -> str | None:
+    """The route id the Router put in its payload (`ROUTE_KEY`), or None."""
+    payload = args[0] if args else None
+    route_id = payload.get(ROUTE_KEY) if isinstance(payload, Mapping) else None
+    return route_id if isinstance(route_id, str) else None
 
 
 class PrefixAffinityRouter(PowerOfTwoChoicesRequestRouter):
@@ -81,6 +96,11 @@ class PrefixAffinityRouter(PowerOfTwoChoicesRequestRouter):
                                                                           decision.reason))
         logger.info("route %s: %s, matched %d chars, replica %s", target, decision.reason,
                     decision.matched, decision.replica)
+        route_id = payload_route(pending_request.args) if pending_request is not None else None
+        if route_id is not None:
+            # Through the module: Serve pickles this module by value into the Router, and a
+            # copied log would be one nobody reads.
+            prefix_index.ROUTING_LOG.record(route_id, target, decision)
         if decision.replica is None:
             return fallback
         # Its queue full, the request goes on to the fallback's replicas rather than wait.

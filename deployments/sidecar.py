@@ -12,6 +12,7 @@ from typing import Any
 from ray import serve
 
 from app import telemetry
+from app.api.prefix_index import ROUTE_KEY
 from app.config import SidecarUserConfig, load_config
 from app.engine.sidecar import SidecarService
 from app.engine.vllm_engine import use_cache_salt
@@ -42,6 +43,13 @@ class Sidecar(FaultHandles):
             self.service.engine.swap_adapter(update.lora_path)
 
     async def predict(self, payload: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return await self._measured_predict(payload)
+        finally:  # cancelled ones too: their prompts were prefilled all the same
+            telemetry.record_all(self.metrics, telemetry.prefill_measurements(
+                *self.service.engine.prefills.take()))
+
+    async def _measured_predict(self, payload: dict[str, Any]) -> dict[str, Any]:
         parent = telemetry.extract(payload.pop(telemetry.CARRIER_KEY, None))
         started = time.perf_counter()
         with telemetry.span("sidecar.predict", parent) as span:
@@ -69,6 +77,7 @@ class Sidecar(FaultHandles):
         # This call's own context (Serve runs each call as a task): every engine request the
         # prediction makes shares the tenant's prefix cache and no other's.
         use_cache_salt(str(payload.pop(TENANT_KEY, ANONYMOUS_TENANT)))
+        payload.pop(ROUTE_KEY, None)  # the Router's, for its own bookkeeping
         request = ChatCompletionRequest.model_validate(payload)
         fault = self.faults.hit()
         if fault is not None:

@@ -11,7 +11,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.engine.turn import TurnResult
-from app.openai_models import MainReport, PredictionReport, SidecarDecision, ToolResultReport
+from app.openai_models import (
+    MainReport,
+    PredictionReport,
+    RouteReport,
+    SidecarDecision,
+    ToolResultReport,
+)
 from app.speculation.reconcile import Outcome
 
 
@@ -37,6 +43,7 @@ def sum_main(reports: Iterable[MainReport]) -> MainReport:
         total.drafted_tokens += main.drafted_tokens
         total.accepted_tokens += main.accepted_tokens
         total.decode_ms += main.decode_ms
+        total.cached_tokens += main.cached_tokens
         total.sources.add(main.sources)
         if index == 0:
             total.ttft_ms = main.ttft_ms
@@ -63,6 +70,7 @@ class LoopState:
     """What the loop accumulates over its turns."""
 
     finals: list[TurnResult] = field(default_factory=list)
+    routes: list[RouteReport] = field(default_factory=list)  # one per final, in order
     predictions: list[PredictionReport] = field(default_factory=list)  # `await_prediction`
     sidecar_decisions: list[SidecarDecision] = field(default_factory=list)
     outcomes: list[Outcome] = field(default_factory=list)

@@ -16,7 +16,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry.context import Context
@@ -26,6 +26,7 @@ from app import telemetry
 from app.api.agent_loop import LoopState, SidecarStart, combine_outcomes, sum_main
 from app.api.errors import ApiError, api_error
 from app.api.pre_execution import Clock, PreExecution, ToolAccess, ToolPolicy, ToolRun, run_tool
+from app.api.prefix_index import ROUTE_KEY, ROUTING_LOG, AffinityDecision
 from app.api.sidecar_value import SidecarValue, value_key
 from app.api.streaming import (  # noqa: F401 - moved there; importers of this module keep them
     _choice_chunks,
@@ -42,6 +43,7 @@ from app.openai_models import (
     ChatCompletionRequest,
     OooSpecReport,
     PredictionReport,
+    RouteReport,
     SidecarDecision,
     TimingsReport,
 )
@@ -70,6 +72,8 @@ class _Turn:
     prediction: PredictionReport | None = None
     # Whether the turn called the sidecar and why; None: the request did not want it.
     decision: SidecarDecision | None = None
+    # Where the main call ran (its replica, the prefix cache, the affinity decision).
+    route: RouteReport = field(default_factory=RouteReport)
 
     @property
     def invocations(self) -> list[Invocation]:
@@ -229,6 +233,7 @@ class ChatService:
                 if state.first_commit is None:
                     state.first_commit = turn.commit
                 state.finals.append(turn.final)
+                state.routes.append(turn.route)
                 if turn.prediction is not None:
                     state.predictions.append(turn.prediction)
                 if turn.decision is not None:
@@ -277,6 +282,7 @@ class ChatService:
         carrier in the payload, and of pre-executions, through the watcher task's context."""
         payload = request.model_dump(exclude_none=True)
         payload[TENANT_KEY] = tenant
+        route_id = payload[ROUTE_KEY] = uuid.uuid4().hex
         carrier = telemetry.inject(telemetry.context_of(span))
         if carrier:
             payload[telemetry.CARRIER_KEY] = carrier
@@ -337,7 +343,9 @@ class ChatService:
         if sidecar is not None:
             self._observe_sidecar(request, tenant, final)
         call_ids = [new_call_id() for _ in final.calls]
-        yield "turn", {"turn": _Turn(final, call_ids, commit, pre, prediction, decision)}
+        route = route_report(final, ROUTING_LOG.take(route_id, "MainModel"))
+        ROUTING_LOG.take(route_id, "Sidecar")  # not reported: the sidecar's cache is its own
+        yield "turn", {"turn": _Turn(final, call_ids, commit, pre, prediction, decision, route)}
 
     async def _executes(
         self, request: ChatCompletionRequest, turn: _Turn, state: LoopState
@@ -475,6 +483,9 @@ class ChatService:
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": completion_tokens,
                 "total_tokens": prompt_tokens + completion_tokens,
+                # As OpenAI reports it: the prompt tokens the prefix cache served.
+                "prompt_tokens_details": {
+                    "cached_tokens": sum(f.main.cached_tokens for f in state.finals)},
             },
             "ooo_spec": report.model_dump(),
         }
@@ -516,6 +527,7 @@ class ChatService:
                 first_commit=(first_commit - started) * 1000,
             ),
             sidecar_decisions=state.sidecar_decisions,
+            routing=state.routes,
         )
 
 
@@ -523,6 +535,18 @@ class ChatService:
 # text, the router's count of pending sidecar calls) would tell it about the server and about
 # other tenants' load, so it is logged here instead.
 PREDICTION_FAILED = "the sidecar's prediction failed"
+
+
+def route_report(final: TurnResult, decision: AffinityDecision | None) -> RouteReport:
+    """Where a main call ran: its replica and prefix-cache hit (from the replica), and how
+    cache-affinity routing chose it (None: Serve's own router did)."""
+    return RouteReport(
+        replica=final.replica,
+        prompt_tokens=final.prompt_tokens,
+        cached_tokens=final.main.cached_tokens,
+        decision=decision.reason if decision is not None else None,
+        matched_chars=decision.matched if decision is not None else 0,
+    )
 
 
 async def observe_prediction(prediction: Awaitable[Any], clock: Clock) -> PredictionReport:

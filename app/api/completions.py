@@ -115,6 +115,7 @@ def _report(request: CompletionRequest, finals: Sequence[TurnResult], started: f
         accepted_tokens=sum(f.main.accepted_tokens for f in finals),
         ttft_ms=min((f.main.ttft_ms for f in finals), default=0.0),
         decode_ms=max((f.main.decode_ms for f in finals), default=0.0),
+        cached_tokens=sum(f.main.cached_tokens for f in finals),
     )
     total = (time.perf_counter() - started) * 1000
     return OooSpecReport(
@@ -125,12 +126,14 @@ def _report(request: CompletionRequest, finals: Sequence[TurnResult], started: f
     ).model_dump()
 
 
-def _usage(finals: Sequence[TurnResult], prompts: int, n: int) -> dict[str, int]:
+def _usage(finals: Sequence[TurnResult], prompts: int, n: int) -> dict[str, Any]:
     # As vLLM: each prompt counted once, every choice's completion.
     prompt_tokens = sum(finals[i * n].prompt_tokens for i in range(prompts))
+    cached_tokens = sum(finals[i * n].main.cached_tokens for i in range(prompts))
     completion_tokens = sum(f.completion_tokens for f in finals)
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 def _finish(final: TurnResult) -> str:

@@ -15,7 +15,8 @@ chains the ones before it, so equal hashes mean equal prefixes, and the index ma
 - bounded memory: at most `max_entries` prefixes, least recently used evicted first;
 - `drop_replica`: a replica that left (downscale, redeploy, crash) is never chosen again;
 - `affinity_decision`: that replica, or power of two choices when the match is short or that
-  replica is loaded beyond the configured imbalance.
+  replica is loaded beyond the configured imbalance;
+- `RoutingLog`: each decision, until the request that caused it reports it (`ooo_spec.routing`).
 
 Tenants never share an entry: the tenant is part of every key and seeds every hash.
 """
@@ -24,10 +25,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from collections import OrderedDict
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
+
+from app.openai_models import RoutingReason
 
 
 @dataclass(frozen=True)
@@ -119,7 +123,7 @@ class TenantPrefixIndex:
         return {entry.replica for entry in self._entries.values()}
 
 
-Reason = Literal["affinity", "no_match", "short_match", "imbalanced"]
+Reason = RoutingReason
 
 
 @dataclass(frozen=True)
@@ -151,3 +155,41 @@ def affinity_decision(
     if own is not None and queue_lens and own - min(queue_lens.values()) > max_imbalance:
         return AffinityDecision(None, match.length, "imbalanced")
     return AffinityDecision(match.replica, match.length, "affinity")
+
+
+# The payload key under which the Router names one engine call (a fresh id per turn), so that
+# its request router's decision can be found again by the request that caused it.
+ROUTE_KEY = "_route"
+
+
+class RoutingLog:
+    """The decisions this process's request routers made, by route id and target deployment,
+    until the request that caused them takes them for its `ooo_spec.routing`.
+
+    Serve runs a handle's request router on its own event loop thread in the caller's process
+    (the Router replica), so the decision cannot travel back with the call: it is left here.
+    Bounded: an entry nobody takes (a call that failed) is evicted oldest first."""
+
+    def __init__(self, max_entries: int = 4096) -> None:
+        self.max_entries = max_entries
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[tuple[str, str], AffinityDecision] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def record(self, route_id: str, target: str, decision: AffinityDecision) -> None:
+        """The latest decision for the call wins (a full queue makes Serve choose again)."""
+        with self._lock:
+            self._entries[(route_id, target)] = decision
+            self._entries.move_to_end((route_id, target))
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+
+    def take(self, route_id: str, target: str) -> AffinityDecision | None:
+        """The decision for the call, once; None when no affinity router decided it."""
+        with self._lock:
+            return self._entries.pop((route_id, target), None)
+
+
+ROUTING_LOG = RoutingLog()

@@ -293,9 +293,14 @@ async def stream_sse(
     yield sse("[DONE]")
 
 
-def merged_usage(completions: Sequence[dict[str, Any]]) -> dict[str, int]:
-    """Usage of `n` choices as vLLM counts it: the prompt once, every choice's completion."""
-    prompt = completions[0]["usage"]["prompt_tokens"]
+def merged_usage(completions: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Usage of `n` choices as vLLM counts it: the prompt once (with its cached tokens, the
+    first choice's), every choice's completion."""
+    first = completions[0]["usage"]
+    prompt = first["prompt_tokens"]
     generated = sum(c["usage"]["completion_tokens"] for c in completions)
-    return {"prompt_tokens": prompt, "completion_tokens": generated,
-            "total_tokens": prompt + generated}
+    merged: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": generated,
+                              "total_tokens": prompt + generated}
+    if "prompt_tokens_details" in first:
+        merged["prompt_tokens_details"] = first["prompt_tokens_details"]
+    return merged

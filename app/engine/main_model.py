@@ -653,6 +653,7 @@ class MainModelService:
                 ttft_ms=result.ttft_ms,
                 decode_ms=result.decode_ms,
                 sources=sources,
+                cached_tokens=result.cached_tokens,
             ),
             candidates=history_reports + intake.reports,
             sidecar=SidecarDelivery(

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from app.config import SpeculationConfig
     from app.engine.auto_drafts import AutoDrafts
     from app.engine.suffix_index import SuffixIndex
-    from app.engine.vllm_engine import GenerationResult, StepDelta
+    from app.engine.vllm_engine import GenerationResult, PrefillTally, StepDelta
     from app.speculation.draft_sources import DraftSource
 
 
@@ -35,6 +35,8 @@ class Engine(Protocol):
     tokenizer: Any
     # The candidate proposer's settings; None: this engine drafts nothing of ours.
     speculation: SpeculationConfig | None
+    # Prompt tokens prefilled and served by the prefix cache, for the deployment's metrics.
+    prefills: PrefillTally
 
     @property
     def store(self) -> DraftStore: ...

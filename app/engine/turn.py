@@ -66,6 +66,8 @@ class TurnResult:
     sidecar: SidecarDelivery
     main_ms: float  # from the replica taking the call to the result
     logprobs: Any = None  # the whole output's, in the route's shape
+    # The Serve replica that ran it (set by the deployment; None outside Serve).
+    replica: str | None = None
 
 
 TurnEvent = TurnDelta | TurnResult

@@ -77,6 +77,9 @@ class StepDelta:
     # Which of the engine's passes produced it (`VllmEngine.passes` after that pass): what a
     # `PassLedger` counts per prediction (app/engine/pass_ledger.py).
     pass_index: int = 0
+    # Prompt tokens vLLM's prefix cache served (vLLM's `num_cached_tokens`, known once the
+    # prompt is prefilled): what cache-affinity routing saves (docs/operations.md).
+    cached_tokens: int = 0
 
 
 @dataclass
@@ -90,6 +93,7 @@ class GenerationResult:
     decode_ms: float
     speculation: RequestSpeculation | None
     logprobs: list[TokenLogprobs] | None = None
+    cached_tokens: int = 0  # of `prompt_tokens`, served by the prefix cache
 
     @property
     def accepted_tokens(self) -> int:
@@ -112,6 +116,7 @@ class GenerationTally:
         self.finish: str | None = None
         self.speculation: RequestSpeculation | None = None
         self.logprobs: list[TokenLogprobs] | None = None
+        self.cached_tokens = 0
 
     def add(self, delta: StepDelta) -> None:
         if delta.token_ids:
@@ -123,6 +128,7 @@ class GenerationTally:
         self.text.append(delta.text)
         self.finish = delta.finish_reason or self.finish
         self.speculation = delta.speculation or self.speculation
+        self.cached_tokens = max(self.cached_tokens, delta.cached_tokens)
         if delta.logprobs is not None:
             # Extended in place: a new list per delta made the whole output's cost quadratic.
             if self.logprobs is None:
@@ -141,7 +147,31 @@ class GenerationTally:
             decode_ms=(self.last - first) * 1000,
             speculation=self.speculation,
             logprobs=self.logprobs,
+            cached_tokens=self.cached_tokens,
         )
+
+
+class PrefillTally:
+    """Prompt tokens this engine prefilled and, of them, the ones its prefix cache served,
+    since the deployment last took them for its metrics (`ooo_spec_prompt_tokens`, the hit
+    rate per deployment): every request's, the sidecar's slots and waves included."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._prompt = 0
+        self._cached = 0
+
+    def add(self, prompt_tokens: int, cached_tokens: int) -> None:
+        with self._lock:
+            self._prompt += prompt_tokens
+            self._cached += min(cached_tokens, prompt_tokens)
+
+    def take(self) -> tuple[int, int]:
+        """(prompt tokens, cached tokens) since the last take."""
+        with self._lock:
+            taken = (self._prompt, self._cached)
+            self._prompt = self._cached = 0
+            return taken
 
 
 class EngineError(RuntimeError):
@@ -196,6 +226,7 @@ class VllmEngine:
         self._build_error: BaseException | None = None
         # Serves the store to a tensor-parallel engine's worker processes (None: in-process).
         self._store_server: Any = None
+        self.prefills = PrefillTally()
 
     # ----- lifecycle -------------------------------------------------------------------
     def start(self) -> None:
@@ -415,6 +446,7 @@ class VllmEngine:
             logprobs=(from_engine(list(completion.token_ids), completion.logprobs)
                       if completion.logprobs is not None else None),
             pass_index=self.passes,
+            cached_tokens=int(out.num_cached_tokens or 0),
         )
         loop, q = stream
         loop.call_soon_threadsafe(q.put_nowait, delta)
@@ -502,12 +534,16 @@ class VllmEngine:
                 raise
             if on_start is not None:
                 on_start(internal_id)
+            prefilled = False
             while True:
                 item = await q.get()
                 if isinstance(item, Exception):
                     raise item
                 if item.token_ids:
                     record_pass(item.pass_index)
+                    if not prefilled:  # the first tokens come after the whole prompt's prefill
+                        prefilled = True
+                        self.prefills.add(len(prompt_token_ids), item.cached_tokens)
                 if item.finished:
                     item.speculation = self.store.close(internal_id)
                     internal_id = None

@@ -67,6 +67,31 @@ def test_named_tool_choice_and_disabled_speculation(openai_client) -> None:  # t
     assert report["main"]["drafted_tokens"] == 0
 
 
+def test_a_follow_up_turn_reports_its_replica_and_prefix_cache_hit(openai_client) -> None:  # type: ignore[no-untyped-def]
+    """An agent's next turn (its last turn plus a tool result) on the replica that served it:
+    the prefix cache served the shared prompt, as `usage.prompt_tokens_details` tells the
+    `openai` client and `ooo_spec.routing` tells where it ran."""
+    first = openai_client.chat.completions.create(
+        model="smollm2-135m-instruct", messages=MESSAGES, tools=[WEATHER],
+        tool_choice="required", temperature=0, max_tokens=48)
+    [call] = first.choices[0].message.tool_calls
+    follow_up = [*MESSAGES,
+                 {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                 {"role": "tool", "tool_call_id": call.id, "content": "18 degrees, light rain"}]
+    second = openai_client.chat.completions.create(
+        model="smollm2-135m-instruct", messages=follow_up, tools=[WEATHER],
+        temperature=0, max_tokens=16)
+    [before] = first.model_extra["ooo_spec"]["routing"]
+    [route] = second.model_extra["ooo_spec"]["routing"]
+    # One MainModel replica, routed by cache affinity as configs/local.yaml sets it: the
+    # follow-up's longest known prefix is the first turn's prompt (its tools and question).
+    assert route["replica"] and route["replica"] == before["replica"]
+    assert route["decision"] == "affinity" and route["matched_chars"] >= 256, route
+    assert route["prompt_tokens"] == second.usage.prompt_tokens
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert 0 < cached < second.usage.prompt_tokens and route["cached_tokens"] == cached
+
+
 def test_plain_chat_without_tools(openai_client) -> None:  # type: ignore[no-untyped-def]
     response = openai_client.chat.completions.create(
         model="smollm2-135m-instruct",

@@ -237,6 +237,9 @@ def test_ray_metrics_endpoint_has_the_metrics_with_plausible_values(
         return total(samples, name, **labels) - total(before, name, **labels)
 
     requests = prom(telemetry.REQUESTS)
+    # The same question each time: from the second on, its prompt is in the prefix cache.
+    cached = sum(r["cached_tokens"] for rep in reports for r in rep["routing"])
+    assert cached > 0, [rep["routing"] for rep in reports]
     tool_count = prom(telemetry.TOOL_LATENCY, "_count")
     used = sum(r["speculative"] for rep in reports for r in rep["tool_results"])
     assert used >= 1, f"no pre-executed result was used in {len(reports)} requests"
@@ -258,6 +261,13 @@ def test_ray_metrics_endpoint_has_the_metrics_with_plausible_values(
             (tool_count, (("tool", "slow_lookup"),)): len(reports),
             (prom(telemetry.PRE_EXECUTIONS), (("result", "used"),)): used,
             (prom(telemetry.TOOL_SAVED, "_count"), (("tool", "slow_lookup"),)): used,
+            # Every main call's prompt, and the part the prefix cache served, as reported.
+            (prom(telemetry.PROMPT_TOKENS), (("deployment", "MainModel"),)): sum(
+                r["prompt_tokens"] for rep in reports for r in rep["routing"]),
+            (prom(telemetry.PROMPT_TOKENS), (("deployment", "MainModel"),
+                                             ("cached", "true"))): cached,
+            # The session app routes MainModel calls by cache affinity (configs/local.yaml).
+            (prom(telemetry.ROUTING_DECISIONS), (("target", "MainModel"),)): 2 * len(reports),
         }
         for outcome in {r["outcome"] for r in reports}:
             bounds[(requests, (("outcome", outcome),))] = sum(
@@ -271,10 +281,7 @@ def test_ray_metrics_endpoint_has_the_metrics_with_plausible_values(
     assert not missing, missing
 
     names = {n for n, _, _ in after}
-    # Recorded only by the cache-affinity router (deployments/prefix_router.py), which this app
-    # does not configure; tests/integration/test_prefix_routing.py runs it.
-    not_deployed = {telemetry.ROUTING_DECISIONS.name}
-    absent = [exported for metric in telemetry.METRICS if metric.name not in not_deployed
+    absent = [exported for metric in telemetry.METRICS
               if (exported := prom(metric, "_count" if metric.kind == "histogram" else ""))
               not in names]
     assert not absent, f"not on Ray's metrics endpoint: {absent}"

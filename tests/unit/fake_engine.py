@@ -12,7 +12,7 @@ from app.config import SpeculationConfig
 from app.engine.auto_drafts import AutoDrafts
 from app.engine.pass_ledger import record_pass
 from app.engine.suffix_index import SuffixIndex
-from app.engine.vllm_engine import GenerationResult, GenerationTally, StepDelta
+from app.engine.vllm_engine import GenerationResult, GenerationTally, PrefillTally, StepDelta
 from app.speculation.draft_sources import DraftSource
 
 
@@ -51,6 +51,7 @@ class FakeEngine:
         self.tokenizer: Any = None
         self.speculation = SpeculationConfig() if speculation else None
         self.store = RecordingStore()
+        self.prefills = PrefillTally()
         self.gate = gate
         self.fail = fail
         self.requests: list[tuple[list[int], dict[str, Any]]] = []

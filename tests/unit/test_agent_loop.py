@@ -4,6 +4,7 @@ with a scripted main model, a scripted sidecar and an in-process tool pool."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any
@@ -14,6 +15,7 @@ from app.api import chat_service
 from app.api.agent_loop import SidecarStart, combine_outcomes, sum_main
 from app.api.chat_service import ChatService
 from app.api.pre_execution import PreExecution, ToolPolicy, ToolRun, speculable_calls
+from app.api.prefix_index import ROUTE_KEY, ROUTING_LOG, AffinityDecision
 from app.engine.turn import TurnDelta, TurnEvent, TurnResult
 from app.openai_models import ChatCompletionRequest, MainReport
 from app.speculation.canonical import Invocation
@@ -424,7 +426,8 @@ async def test_loop_runs_max_steps_rounds_then_a_final_text_turn(watched: Watche
     assert [m["role"] for m in third] == ["user", "assistant", "tool", "assistant", "tool"]
     main = out["ooo_spec"]["main"]
     assert (main["steps"], main["completion_tokens"], main["ttft_ms"]) == (9, 15, 7.0)
-    assert out["usage"] == {"prompt_tokens": 30, "completion_tokens": 15, "total_tokens": 45}
+    assert out["usage"] == {"prompt_tokens": 30, "completion_tokens": 15, "total_tokens": 45,
+                            "prompt_tokens_details": {"cached_tokens": 0}}
     assert out["ooo_spec"]["timings_ms"]["main"] == 90.0
 
 
@@ -519,11 +522,73 @@ def test_combine_outcomes() -> None:
 
 def test_sum_main() -> None:
     a = MainReport(steps=2, completion_tokens=4, drafted_tokens=1, accepted_tokens=1,
-                   ttft_ms=5.0, decode_ms=10.0)
+                   ttft_ms=5.0, decode_ms=10.0, cached_tokens=3)
     b = a.model_copy(update={"ttft_ms": 99.0})
     total = sum_main([a, b])
-    assert (total.steps, total.completion_tokens, total.ttft_ms, total.decode_ms) == (
-        4, 8, 5.0, 20.0)
+    assert (total.steps, total.completion_tokens, total.ttft_ms, total.decode_ms,
+            total.cached_tokens) == (4, 8, 5.0, 20.0, 6)
+
+
+class RoutedScript(Script):
+    """The main model behind a cache-affinity request router: as Serve's router does in the
+    Router's process, each turn's decision is left in `ROUTING_LOG` under the payload's route
+    id (for the main call, and the sidecar's under its own target), before the turn runs;
+    `decisions[turn]` None: Serve's own router chose."""
+
+    def __init__(self, finals: list[TurnResult],
+                 decisions: list[AffinityDecision | None], **kwargs: Any) -> None:
+        super().__init__(finals, **kwargs)
+        self.decisions = decisions
+
+    async def main_events(
+        self, payload: dict[str, Any], token: Any
+    ) -> AsyncIterator[TurnEvent]:
+        decision = self.decisions[len(self.payloads)]
+        if decision is not None:
+            ROUTING_LOG.record(payload[ROUTE_KEY], "MainModel", decision)
+            ROUTING_LOG.record(payload[ROUTE_KEY], "Sidecar", decision)
+        async for event in super().main_events(payload, token):
+            yield event
+
+
+async def test_each_main_call_reports_its_replica_cached_tokens_and_routing() -> None:
+    clock = ManualClock()
+    pool = FakePool(lookup_s=0.01, clock=clock)
+
+    def served(calls: list[dict[str, Any]], replica: str, cached: int) -> TurnResult:
+        turn = final(calls)
+        return dataclasses.replace(turn, replica=replica, main=turn.main.model_copy(
+            update={"cached_tokens": cached}))
+
+    script = RoutedScript(
+        [served([lookup("a")], "r1", 0), served([], "r2", 12)],
+        [AffinityDecision(None, 0, "no_match"), AffinityDecision("r2", 480, "affinity")],
+        clock=clock,
+    )
+    named = {"type": "function", "function": {"name": "lookup"}}
+    req = request(execute_tools=True, max_steps=1, tool_choice=named)
+    before = len(ROUTING_LOG)
+    out = await complete(ChatService("m", True, pool, clock=clock), req, script)
+    # Every turn's call is named by its own route id, and none reaches the model's request.
+    routes = [p[ROUTE_KEY] for p in script.payloads]
+    assert len(set(routes)) == 2
+    assert out["ooo_spec"]["routing"] == [
+        {"replica": "r1", "prompt_tokens": 10, "cached_tokens": 0, "decision": "no_match",
+         "matched_chars": 0},
+        {"replica": "r2", "prompt_tokens": 10, "cached_tokens": 12, "decision": "affinity",
+         "matched_chars": 480},
+    ]
+    assert out["ooo_spec"]["main"]["cached_tokens"] == 12
+    assert out["usage"]["prompt_tokens_details"] == {"cached_tokens": 12}
+    assert len(ROUTING_LOG) == before  # taken, the sidecar's too: nothing left behind
+
+
+async def test_without_an_affinity_router_the_routing_report_has_no_decision() -> None:
+    script = RoutedScript([final([])], [None], clock=ManualClock())
+    out = await complete(ChatService("m", True, FakePool()), request(), script)
+    assert out["ooo_spec"]["routing"] == [
+        {"replica": None, "prompt_tokens": 10, "cached_tokens": 0, "decision": None,
+         "matched_chars": 0}]
 
 
 async def test_a_dropped_request_cancels_its_pre_executions() -> None:

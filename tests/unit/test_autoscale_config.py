@@ -67,9 +67,28 @@ def test_removed_replicas_keep_their_requests_up_to_the_deadline() -> None:
     assert sidecar["graceful_shutdown_timeout_s"] >= config.speculation.sidecar_timeout_s
 
 
+def test_main_model_and_sidecar_route_by_cache_affinity() -> None:
+    """Both are called by the Router with the tenant's chat payload: cache-affinity routing
+    (deployments/prefix_router.py), its knobs accepted as written."""
+    from ray.serve._private.common import DeploymentHandleSource, DeploymentID
+    from ray.serve.config import RequestRouterConfig
+
+    from deployments.prefix_router import PrefixAffinityRouter
+
+    for name in ("MainModel", "Sidecar"):
+        config = RequestRouterConfig(**entries("local-autoscale.yaml")[name]
+                                     ["request_router_config"])
+        router_class = config.get_request_router_class()
+        assert router_class.__qualname__ == PrefixAffinityRouter.__qualname__, name
+        router = router_class(deployment_id=DeploymentID(name=name, app_name="ooo-spec"),
+                              handle_source=DeploymentHandleSource.UNKNOWN)
+        router.initialize_state(**config.request_router_kwargs)  # a misspelt knob raises
+
+
 def test_no_replica_restarts_when_the_entries_replace_local_ones() -> None:
     """The entries differ from local.yaml's only in options Serve applies to running replicas
-    (autoscaling, graceful shutdown): switching a running app to them reloads no model."""
+    (autoscaling, graceful shutdown, the request router): switching a running app to them
+    reloads no model."""
     local, scaled = entries("local.yaml"), entries("local-autoscale.yaml")
     changed = {n for n in local if local[n]["ray_actor_options"] != scaled[n]["ray_actor_options"]}
     assert changed == set()

@@ -27,7 +27,7 @@ def completion(text: str, tokens: int, logprobs: list[dict[str, Any]] | None = N
                      "finish_reason": "stop",
                      "logprobs": {"content": logprobs} if logprobs is not None else None}],
         "usage": {"prompt_tokens": 10, "completion_tokens": tokens,
-                  "total_tokens": 10 + tokens},
+                  "total_tokens": 10 + tokens, "prompt_tokens_details": {"cached_tokens": 6}},
         "ooo_spec": {"outcome": "disabled", "text": text},
     }
 
@@ -50,7 +50,7 @@ def test_merge_counts_the_prompt_once() -> None:
     assert [c["index"] for c in merged["choices"]] == [0, 1]
     assert [c["message"]["content"] for c in merged["choices"]] == ["a", "b"]
     assert merged["usage"] == {"prompt_tokens": 10, "completion_tokens": 7,
-                               "total_tokens": 17}
+                               "total_tokens": 17, "prompt_tokens_details": {"cached_tokens": 6}}
 
 
 async def collect(stream: AsyncIterator[str]) -> list[Any]:

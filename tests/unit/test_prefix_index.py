@@ -6,7 +6,13 @@ from typing import Any
 
 import pytest
 
-from app.api.prefix_index import PrefixMatch, TenantPrefixIndex, prompt_key
+from app.api.prefix_index import (
+    AffinityDecision,
+    PrefixMatch,
+    RoutingLog,
+    TenantPrefixIndex,
+    prompt_key,
+)
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {
     "type": "object", "properties": {"key": {"type": "string"}}}}}]
@@ -83,3 +89,18 @@ def test_memory_is_bounded_and_the_least_recently_used_prefix_goes_first() -> No
     assert all(index.longest_match(k, {"r1"}) is not None for k in (keys[0], keys[2], keys[3]))
     with pytest.raises(ValueError):
         TenantPrefixIndex(max_entries=0)
+
+
+def test_routing_log_hands_each_decision_over_once_and_stays_bounded() -> None:
+    log = RoutingLog(max_entries=3)
+    affinity = AffinityDecision("r1", 300, "affinity")
+    log.record("a", "MainModel", AffinityDecision(None, 0, "no_match"))
+    log.record("a", "MainModel", affinity)  # Serve chose again: the latest decision counts
+    log.record("a", "Sidecar", AffinityDecision(None, 40, "short_match"))
+    assert log.take("a", "MainModel") == affinity
+    assert log.take("a", "MainModel") is None
+    for route in ("b", "c", "d"):  # calls whose requests never came for their decisions
+        log.record(route, "MainModel", affinity)
+    assert len(log) == 3
+    assert log.take("a", "Sidecar") is None  # the oldest went first
+    assert log.take("d", "MainModel") == affinity

@@ -12,12 +12,20 @@ from ray.serve._private.common import (
     RequestMetadata,
 )
 from ray.serve._private.request_router.common import PendingRequest
+from ray.serve.config import RequestRouterConfig
 
-from app.api.prefix_index import AffinityDecision, PrefixMatch, affinity_decision
+from app.api.prefix_index import (
+    ROUTE_KEY,
+    ROUTING_LOG,
+    AffinityDecision,
+    PrefixMatch,
+    affinity_decision,
+)
 from app.tenancy import TENANT_KEY
 from deployments.prefix_router import PrefixAffinityRouter, payload_key
 
 MAIN = DeploymentID(name="MainModel", app_name="ooo-spec")
+ROUTER_PATH = "deployments.prefix_router:PrefixAffinityRouter"
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {
     "type": "object", "properties": {"key": {"type": "string"}}}}}]
 
@@ -43,8 +51,12 @@ class FakeReplica:
 
 
 def router(replicas: list[FakeReplica], **kwargs: Any) -> PrefixAffinityRouter:
-    made = PrefixAffinityRouter(deployment_id=MAIN, handle_source=DeploymentHandleSource.UNKNOWN,
-                                use_replica_queue_len_cache=True)
+    """The router as Serve builds it in the Router's process: the class set by its import path
+    in `request_router_config`, which Serve pickles with its module by value."""
+    config = RequestRouterConfig(request_router_class=ROUTER_PATH)
+    router_class = config.get_request_router_class()
+    made = router_class(deployment_id=MAIN, handle_source=DeploymentHandleSource.UNKNOWN,
+                        use_replica_queue_len_cache=True)
     made.initialize_state(**{"min_match_chars": 50, **kwargs})
     made.update_replicas(replicas)  # type: ignore[arg-type]
     return made
@@ -100,6 +112,24 @@ async def test_a_removed_replica_drops_out_and_its_tenants_move_on() -> None:
     made.update_replicas(left)  # type: ignore[arg-type]  # the downscale
     assert first not in made._index.replicas()
     assert await route(made, left, request("a", 1)) == left[0].replica_id.unique_id
+
+
+async def test_each_decision_is_left_for_the_request_that_caused_it() -> None:
+    replicas = [FakeReplica("r1"), FakeReplica("r2")]
+    made = router(replicas)
+    first, follow_up = request("a", 0), request("a", 1)
+    first.args[0][ROUTE_KEY], follow_up.args[0][ROUTE_KEY] = "turn-1", "turn-2"
+    served = await route(made, replicas, first)
+    await route(made, replicas, follow_up)
+    assert ROUTING_LOG.take("turn-1", "MainModel") == AffinityDecision(None, 0, "no_match")
+    decision = ROUTING_LOG.take("turn-2", "MainModel")
+    assert decision is not None and decision.reason == "affinity"
+    assert decision.replica == served and decision.matched > 50
+    assert ROUTING_LOG.take("turn-2", "MainModel") is None  # taken once
+    # A payload without a route id (another caller's) leaves nothing behind.
+    before = len(ROUTING_LOG)
+    await route(made, replicas, request("b", 0))
+    assert len(ROUTING_LOG) == before
 
 
 async def test_payload_key_reads_the_routers_payload() -> None:

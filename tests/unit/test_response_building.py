@@ -11,7 +11,7 @@ from app.check_pool import CheckPool
 from app.config import AppConfig
 from app.engine.logprobs import TokenLogprobs
 from app.engine.main_model import MainModelService, PreparedRequest
-from app.engine.vllm_engine import GenerationTally, StepDelta
+from app.engine.vllm_engine import GenerationTally, PrefillTally, StepDelta
 from app.openai_models import ChatCompletionRequest
 from tests.unit.fake_engine import FakeEngine
 
@@ -87,3 +87,22 @@ def test_the_tally_gathers_logprobs_in_place() -> None:
         tally.add(delta)
     assert tally.logprobs is gathered
     assert [t.token_id for t in tally.result().logprobs or []] == list(range(100))
+
+
+def test_the_tally_keeps_the_prefix_cache_hit_of_the_prompt() -> None:
+    """vLLM reports the cached prompt tokens once the prompt is prefilled; deltas without it
+    (0) do not take it back."""
+    tally = GenerationTally(40, 0.0)
+    for cached in (32, 32, 0):
+        tally.add(StepDelta([1], "a", False, None, 1.0, cached_tokens=cached))
+    assert tally.result().cached_tokens == 32
+    assert GenerationTally(40, 0.0).result().cached_tokens == 0
+
+
+def test_the_prefill_tally_hands_over_what_was_prefilled_since_the_last_take() -> None:
+    tally = PrefillTally()
+    tally.add(100, 64)
+    tally.add(30, 0)
+    tally.add(10, 12)  # never more cached than the prompt held
+    assert tally.take() == (140, 74)
+    assert tally.take() == (0, 0)

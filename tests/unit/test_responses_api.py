@@ -76,7 +76,8 @@ def completion(content: str | None, calls: list[tuple[str, str]], finish: str = 
     if tool_calls:
         message["tool_calls"] = tool_calls
     return {"choices": [{"index": 0, "message": message, "finish_reason": finish}],
-            "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8},
+            "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8,
+                      "prompt_tokens_details": {"cached_tokens": 2}},
             "ooo_spec": {"outcome": "hit"}}
 
 
@@ -88,6 +89,7 @@ def test_response_object() -> None:
                               "name": "get_weather", "arguments": "{}",
                               "status": "completed"}]
     assert out["usage"]["input_tokens"] == 5 and out["ooo_spec"] == {"outcome": "hit"}
+    assert out["usage"]["input_tokens_details"] == {"cached_tokens": 2}
     cut = ResponseBuilder(request, "m").final(completion("abc", [], "length"))
     assert cut["status"] == "incomplete"
     assert cut["incomplete_details"] == {"reason": "max_output_tokens"}

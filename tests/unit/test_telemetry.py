@@ -365,12 +365,21 @@ def test_request_main_sidecar_and_tool_measurements() -> None:
     [tool] = telemetry.tool_measurements("lookup", False, 500.0)
     assert tool.tags == {"tool": "lookup", "speculative": "false"}
 
+    sink = RecordingSink()
+    telemetry.record_all(sink, telemetry.prefill_measurements(120, 96))
+    assert sink.total("ooo_spec_prompt_tokens", cached="true") == 96
+    assert sink.total("ooo_spec_prompt_tokens", cached="false") == 24
+    assert telemetry.prefill_measurements(0, 0) == []  # nothing prefilled since
+
 
 def test_metric_catalogue_is_consistent() -> None:
     names = [m.name for m in telemetry.METRICS]
     assert len(names) == len(set(names))
     for metric in telemetry.METRICS:
         assert metric.name.startswith("ooo_spec_") and metric.description
+        # Serve adds these to every metric itself and refuses them as a metric's own tags.
+        assert not set(metric.tag_keys) & {"deployment", "replica", "application", "route"}, (
+            metric.name)
         if metric.kind == "histogram":
             assert list(metric.boundaries) == sorted(set(metric.boundaries))
             assert metric.boundaries[0] > 0
