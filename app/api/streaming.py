@@ -299,8 +299,6 @@ def merged_usage(completions: Sequence[dict[str, Any]]) -> dict[str, Any]:
     first = completions[0]["usage"]
     prompt = first["prompt_tokens"]
     generated = sum(c["usage"]["completion_tokens"] for c in completions)
-    merged: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": generated,
-                              "total_tokens": prompt + generated}
-    if "prompt_tokens_details" in first:
-        merged["prompt_tokens_details"] = first["prompt_tokens_details"]
-    return merged
+    return {"prompt_tokens": prompt, "completion_tokens": generated,
+            "total_tokens": prompt + generated,
+            "prompt_tokens_details": first["prompt_tokens_details"]}

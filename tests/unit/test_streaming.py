@@ -54,7 +54,7 @@ def completion(req: ChatCompletionRequest, text: str, fmt: str = "hermes",
                      "logprobs": {"content": [{"token": t} for t in text]}
                      if req.logprobs else None}],
         "usage": {"prompt_tokens": 10, "completion_tokens": len(text),
-                  "total_tokens": 10 + len(text)},
+                  "total_tokens": 10 + len(text), "prompt_tokens_details": {"cached_tokens": 0}},
         "ooo_spec": {"outcome": "miss", "tool_results": [
             {"tool_call_id": c["id"], "name": c["function"]["name"]} for c in calls]},
     }
