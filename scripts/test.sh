@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the whole suite in two phases at once: the unit tests (pytest-xdist) beside
+# Runs the whole suite in two phases at once: the unit tests (pytest-xdist, two workers) beside
 # everything that starts Ray or an engine, in one process, in file order (two engines or two Ray
 # clusters on a 2-core machine only slow each other, and the session's app starts once). The Ray
 # phase spends most of its time waiting on replicas, timeouts and engines starting, so the unit
@@ -10,9 +10,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 phases=${OOO_SPEC_TEST_PHASES:-unit ray}
-# Two workers alone; one beside the Ray phase, whose engines and training need the other core
-# (its first minutes are CPU-bound: two unit workers there slowed it more than they gained).
-if [ "$phases" = unit ]; then workers=${OOO_SPEC_TEST_WORKERS:-2}; else workers=${OOO_SPEC_TEST_WORKERS:-1}; fi
+workers=${OOO_SPEC_TEST_WORKERS:-2}
 
 run_phase() {
   case $1 in
