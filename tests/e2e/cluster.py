@@ -144,8 +144,10 @@ def deploy_side_app(
     overrides: dict[str, Any],
     own_tool_worker: bool = False,
     env: dict[str, str] | None = None,
+    main: Any = None,
 ) -> str:
-    """A Router with `overrides` on the local config, at `/<name>`; returns its base URL."""
+    """A Router with `overrides` on the local config, at `/<name>`; returns its base URL.
+    `main`: a bound MainModel deployment of the side app's own instead of the session's."""
     from ray import serve
 
     from app.config import load_config
@@ -165,7 +167,7 @@ def deploy_side_app(
         actor["runtime_env"] = {"env_vars": dict(env)}
     router = Router.options(  # type: ignore[attr-defined]
         num_replicas=1, max_ongoing_requests=64, ray_actor_options=actor,
-    ).bind(raw, handle("MainModel"), handle("Sidecar"), worker)
+    ).bind(raw, main if main is not None else handle("MainModel"), handle("Sidecar"), worker)
     serve.run(router, name=name, route_prefix=f"/{name}", blocking=False)
     url = f"{base_url}/{name}"
 
@@ -176,7 +178,7 @@ def deploy_side_app(
         return (status is not None and str(status.status).endswith("RUNNING")
                 and httpx.get(f"{url}/healthz", timeout=5).status_code == 200)
 
-    wait_for(f"side app {name}", up, 180, every_s=1)
+    wait_for(f"side app {name}", up, 600, every_s=1)
     return url
 
 

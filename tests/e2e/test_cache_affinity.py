@@ -9,10 +9,10 @@ is the last one plus a tool call and its result, as an agent sends it.
   replica that ran the tenant's previous turn and the engine reports its prefix as cached;
   each tenant's first turn matches nothing, although the same prompt was sent by the others
   (tenants never share a prefix, in the router or in vLLM's cache: the tenant is the salt).
-- With Serve's own router (the same edit without `request_router_config`, and a fresh Router
-  whose handles are built after it), the same conversations: the answers are the same, word
-  for word; where the follow-ups land and what the cache gave them is printed and can only be
-  as good.
+- With Serve's own router (a side app's own two MainModel replicas, the same engine settings,
+  no `request_router_config`), the same conversations of fresh tenants: the answers are the
+  same, word for word; where the follow-ups land and what the cache gave them is printed, and
+  the cache gives no more than with affinity.
 - Back to one replica while the conversations go on: the replica removed by the downscale
   stops receiving requests (its prefixes leave the router's index) and no request fails.
 """
@@ -34,6 +34,7 @@ from tests.e2e.cluster import (
     chat,
     delete_side_app,
     deploy_side_app,
+    local_args,
     serve_details,
     settled,
     wait_for,
@@ -119,16 +120,27 @@ def main_replicas() -> list[str]:
             if r["state"] == "RUNNING"]
 
 
-def with_main(config: dict[str, Any], replicas: int, affinity: bool) -> dict[str, Any]:
-    """The session config with MainModel held at `replicas`, its request router on or off."""
+def with_main(config: dict[str, Any], replicas: int) -> dict[str, Any]:
+    """The session config with MainModel held at `replicas` (an autoscaling edit: Serve
+    applies it to the running replicas)."""
     edited = copy.deepcopy(config)
     (app,) = edited["applications"]
     [main] = [d for d in app["deployments"] if d["name"] == "MainModel"]
     main["autoscaling_config"] = {**main["autoscaling_config"],
                                   "min_replicas": replicas, "max_replicas": replicas}
-    if not affinity:
-        main.pop("request_router_config")
     return edited
+
+
+def own_main(replicas: int) -> Any:
+    """A MainModel deployment of a side app's own, as the session's (configs/local.yaml's
+    engine settings) but with Serve's own request router; no core reserved."""
+    from app.config import load_config
+    from deployments.main_model import MainModel
+
+    shared = load_config(local_args()).model_dump(mode="json", exclude={"auth"})
+    return MainModel.options(  # type: ignore[attr-defined]
+        num_replicas=replicas, max_ongoing_requests=16, ray_actor_options={"num_cpus": 0},
+    ).bind(shared)
 
 
 def keys_for(run: str) -> tuple[list[str], dict[str, Any]]:
@@ -145,7 +157,7 @@ def two_replicas(app_url: str, serve_config: dict[str, Any]) -> Iterator[str]:
     wait_for("the session app settled", settled, SETTLE_TIMEOUT_S, every_s=1)
     before = main_replicas()
     try:
-        local.deploy(with_main(serve_config, 2, affinity=True))
+        local.deploy(with_main(serve_config, 2))
         wait_for("two MainModel replicas", lambda: len(main_replicas()) == 2 and settled(),
                  SETTLE_TIMEOUT_S, every_s=1)
         assert set(before) <= set(main_replicas())  # the running one stayed
@@ -166,18 +178,17 @@ def test_follow_up_turns_stay_with_their_cache_and_a_downscale_loses_nothing(
     url = deploy_side_app("side-affinity", two_replicas, overrides)
     try:
         on = run_conversations(url, keys)
-        # 2. Serve's own router: the same edit without the request router, then a new Router
-        #    (a handle keeps the router it was built with).
-        replicas = main_replicas()
-        local.deploy(with_main(serve_config, 2, affinity=False))
-        wait_for("the router edit applied", settled, SETTLE_TIMEOUT_S, every_s=1)
-        assert main_replicas() == replicas  # no replica restarted
+        # 2. Serve's own router: a side app with its own two MainModel replicas (the same
+        #    engine settings, no request_router_config) and fresh tenants. Not the session
+        #    MainModel with its router removed: that edit changes the app's code version
+        #    (ray/serve/_private/deploy_utils.py:get_app_code_version), restarting every replica.
         off_keys, off_overrides = keys_for("off")
-        off_url = deploy_side_app("side-p2c", two_replicas, off_overrides)
+        off_url = deploy_side_app("side-p2c", two_replicas, off_overrides, main=own_main(2))
         try:
             off = run_conversations(off_url, off_keys)
         finally:
             delete_side_app("side-p2c")
+        replicas = main_replicas()
 
         stayed_on = [b for a, b in follow_ups(on) if b.replica == a.replica]
         stayed_off = [b for a, b in follow_ups(off) if b.replica == a.replica]

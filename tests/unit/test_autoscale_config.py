@@ -87,8 +87,11 @@ def test_main_model_and_sidecar_route_by_cache_affinity() -> None:
 
 def test_no_replica_restarts_when_the_entries_replace_local_ones() -> None:
     """The entries differ from local.yaml's only in options Serve applies to running replicas
-    (autoscaling, graceful shutdown, the request router): switching a running app to them
-    reloads no model."""
+    (autoscaling, graceful shutdown): switching a running app to them reloads no model."""
     local, scaled = entries("local.yaml"), entries("local-autoscale.yaml")
     changed = {n for n in local if local[n]["ray_actor_options"] != scaled[n]["ray_actor_options"]}
     assert changed == set()
+    # Serve counts request routers into the app's code version (every replica restarts).
+    routers = {n for n in local
+               if local[n].get("request_router_config") != scaled[n].get("request_router_config")}
+    assert routers == set()
