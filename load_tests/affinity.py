@@ -150,6 +150,10 @@ def _median(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def _mean(values: Sequence[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
 def summarize(samples: Sequence[Sample]) -> dict[str, Any]:
     """One routing mode's numbers (see the module doc)."""
     ok = [s for s in samples if s.error is None]
@@ -169,6 +173,10 @@ def summarize(samples: Sequence[Sample]) -> dict[str, Any]:
         "follow_ups": len(later),
         "follow_up_ttft_ms_p50": _median([s.ttft_ms for s in later]),
         "follow_up_e2e_ms_p50": _median([s.e2e_ms for s in later]),
+        # Means too: a follow-up sent to the wrong replica pays the whole prefill again, which
+        # a median over mostly-cached turns hides.
+        "follow_up_ttft_ms_mean": _mean([s.ttft_ms for s in later]),
+        "follow_up_e2e_ms_mean": _mean([s.e2e_ms for s in later]),
         "follow_ups_on_previous_replica": len(stayed),
         "follow_up_cached_share": sum(s.cached_tokens for s in later) / prompt if prompt else None,
         "requests_per_replica": sorted(per_replica.values(), reverse=True),
@@ -189,13 +197,15 @@ def format_table(summaries: dict[str, dict[str, Any]]) -> str:
         return "-" if v is None else f"{v / 1000:.1f} s"
 
     lines = ["| routing | first turn TTFT / e2e (p50) | follow-up TTFT / e2e (p50) | "
-             "follow-ups on previous replica | follow-up tokens cached | requests per replica "
-             "| errors |", "|---|---|---|---|---|---|---|"]
+             "follow-up TTFT / e2e (mean) | follow-ups on previous replica | "
+             "follow-up tokens cached | requests per replica | errors |",
+             "|---|---|---|---|---|---|---|---|"]
     for routing, s in summaries.items():
         share = s["follow_up_cached_share"]
         lines.append(
             f"| {routing} | {ms(s['first_ttft_ms_p50'])} / {ms(s['first_e2e_ms_p50'])} | "
             f"{ms(s['follow_up_ttft_ms_p50'])} / {ms(s['follow_up_e2e_ms_p50'])} | "
+            f"{ms(s['follow_up_ttft_ms_mean'])} / {ms(s['follow_up_e2e_ms_mean'])} | "
             f"{s['follow_ups_on_previous_replica']}/{s['follow_ups']} | "
             f"{'-' if share is None else f'{share:.0%}'} | {s['requests_per_replica']} | "
             f"{s['errors']} |")

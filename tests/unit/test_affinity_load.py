@@ -74,6 +74,7 @@ def test_summary_counts_follow_ups_on_their_previous_replica_and_the_cached_shar
     assert summary["follow_up_cached_share"] == pytest.approx(140 / 300)
     assert summary["requests_per_replica"] == [3, 2] and summary["errors"] == 1
     assert summary["first_ttft_ms_p50"] == 50.0 and summary["follow_up_e2e_ms_p50"] == 91.0
+    assert summary["follow_up_ttft_ms_mean"] == pytest.approx((51 + 52 + 51) / 3)
     assert "2/3" in format_table({"affinity": summary})
 
 
