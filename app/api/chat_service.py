@@ -484,8 +484,7 @@ class ChatService:
                 "completion_tokens": completion_tokens,
                 "total_tokens": prompt_tokens + completion_tokens,
                 # As OpenAI reports it: the prompt tokens the prefix cache served.
-                "prompt_tokens_details": {
-                    "cached_tokens": sum(f.main.cached_tokens for f in state.finals)},
+                "prompt_tokens_details": {"cached_tokens": report.main.cached_tokens},
             },
             "ooo_spec": report.model_dump(),
         }

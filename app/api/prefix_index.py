@@ -123,9 +123,6 @@ class TenantPrefixIndex:
         return {entry.replica for entry in self._entries.values()}
 
 
-Reason = RoutingReason
-
-
 @dataclass(frozen=True)
 class AffinityDecision:
     """Where a request goes: `replica` when affinity chose it, None to fall back to power of
@@ -133,7 +130,7 @@ class AffinityDecision:
 
     replica: str | None
     matched: int
-    reason: Reason
+    reason: RoutingReason
 
 
 def affinity_decision(
