@@ -180,6 +180,24 @@ def apply_env(launch: EngineLaunch, environ: dict[str, str] | os._Environ[str]) 
     environ.update(launch.env)
 
 
+def intra_op_threads(launch: EngineLaunch, environ: Mapping[str, str]) -> int | None:
+    """The thread count a CPU engine that vLLM does not bind must run with: the process's
+    `OMP_NUM_THREADS` (Ray sets it to the replica's `num_cpus`), or None to leave torch as is.
+
+    The variable alone is not enough. OpenMP reads it once, when libgomp loads, and Ray sets it
+    in the worker's Python after the process started. vLLM's CPU platform puts torch's libgomp
+    in `LD_PRELOAD` of the process that builds an engine, so a Ray cluster started from such a
+    process (the test session, a distill run) loads libgomp first in every worker: each engine
+    then runs one thread per core whatever Ray said (on 2 cores, three engines' requests ran
+    4x slower). `torch.set_num_threads` applies the count whenever libgomp loaded."""
+    if launch.platform != "cpu":
+        return None
+    if launch.effective_env(environ).get("VLLM_CPU_OMP_THREADS_BIND", "auto") != "nobind":
+        return None  # vLLM binds the threads itself, one per bound core
+    value = environ.get("OMP_NUM_THREADS", "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
 def detect_platform(
     nvml: Any | None = None, cpu_build: bool | None = None, cuda_version: str | None = None
 ) -> Platform:

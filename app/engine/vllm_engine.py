@@ -32,6 +32,7 @@ from app.engine.engine_args import (
     custom_proposer_config,
     detect_platform,
     engine_launch,
+    intra_op_threads,
     with_lora,
 )
 from app.engine.logprobs import TokenLogprobs, from_engine
@@ -253,6 +254,11 @@ class VllmEngine:
                 self.lora_modules = adapter_runtime_modules(self.lora.path, self.model_path)
             self.launch = with_lora(self.launch, self.lora.max_rank, self.lora_modules)
         apply_env(self.launch, os.environ)
+        threads = intra_op_threads(self.launch, os.environ)
+        if threads is not None:
+            import torch
+
+            torch.set_num_threads(threads)
         if platform == "cuda":
             from app.engine.cuda_driver import check_driver
 

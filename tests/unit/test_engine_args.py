@@ -3,6 +3,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from app.config import EngineConfig, SpeculationConfig, load_config
@@ -15,6 +20,7 @@ from app.engine.engine_args import (
     cuda_launch,
     custom_proposer_config,
     engine_launch,
+    intra_op_threads,
 )
 
 SPEC = custom_proposer_config(SpeculationConfig(num_speculative_tokens=8))
@@ -94,6 +100,59 @@ def test_apply_env_sets_overrides_defaults_and_unsets() -> None:
     assert environ["VLLM_LOGGING_LEVEL"] == "DEBUG"  # a default keeps the operator's value
     assert environ[MODEL_RUNNER_ENV] == "0"  # the runner is not the operator's choice
     assert launch.effective_env({"VLLM_LOGGING_LEVEL": "DEBUG"})["VLLM_LOGGING_LEVEL"] == "DEBUG"
+
+
+def test_an_unbound_cpu_engine_takes_rays_thread_count() -> None:
+    unbound = cpu_launch(EngineConfig(), "m")
+    assert intra_op_threads(unbound, {"OMP_NUM_THREADS": "1"}) == 1
+    assert intra_op_threads(unbound, {"OMP_NUM_THREADS": "3"}) == 3
+    assert intra_op_threads(unbound, {}) is None  # outside Ray: torch's own default
+    assert intra_op_threads(unbound, {"OMP_NUM_THREADS": "0"}) is None
+    assert intra_op_threads(unbound, {"OMP_NUM_THREADS": "two"}) is None
+    # vLLM binds the threads itself: from the config, or from an operator's variable.
+    bound = cpu_launch(EngineConfig(cpu_bind="0-1"), "m")
+    assert intra_op_threads(bound, {"OMP_NUM_THREADS": "1"}) is None
+    assert intra_op_threads(unbound, {"OMP_NUM_THREADS": "1",
+                                      "VLLM_CPU_OMP_THREADS_BIND": "0"}) is None
+    assert intra_op_threads(cuda_launch(gpu_engine(), "m", SPEC), {"OMP_NUM_THREADS": "1"}) is None
+
+
+# What a Ray worker does when it inherits vLLM's LD_PRELOAD of torch's libgomp: the process starts
+# with libgomp loaded, then Ray sets OMP_NUM_THREADS in Python, then torch is imported.
+_RAY_WORKER = """
+import os, sys
+os.environ["OMP_NUM_THREADS"] = "1"
+import torch
+before = torch.get_num_threads()
+if sys.argv[1] == "apply":
+    from app.engine.engine_args import cpu_launch, intra_op_threads
+    from app.config import EngineConfig
+    torch.set_num_threads(intra_op_threads(cpu_launch(EngineConfig(), "m"), os.environ))
+print(before, torch.get_num_threads())
+"""
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: one thread either way")
+def test_the_thread_count_holds_when_libgomp_was_preloaded() -> None:
+    import torch
+
+    libgomp = sorted((Path(torch.__file__).parent / "lib").glob("libgomp*.so*"))
+    if not libgomp:
+        pytest.skip("this torch build has no bundled libgomp (vLLM preloads none)")
+    env = {**os.environ, "LD_PRELOAD": str(libgomp[0])}
+    env.pop("OMP_NUM_THREADS", None)
+    root = Path(__file__).resolve().parents[2]
+
+    def threads(mode: str) -> tuple[int, int]:
+        out = subprocess.run([sys.executable, "-c", _RAY_WORKER, mode], env=env, cwd=root,
+                             capture_output=True, text=True, check=True).stdout.split()
+        return int(out[0]), int(out[1])
+
+    # The variable alone is ignored: libgomp had read the environment before Ray set it ...
+    default, left = threads("leave")
+    assert default > 1 and left == default
+    # ... the engine's start applies it.
+    assert threads("apply") == (default, 1)
 
 
 # ---------------------------------------------------------------- CUDA driver
