@@ -23,6 +23,7 @@ must be on every worker's node.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -42,6 +43,7 @@ from app.distill.train import (
     portable_adapter,
     trunk_states,
 )
+from app.engine.engine_args import omp_threads
 
 RUN_NAME = "distill"
 PEFT_FILES = ("adapter_config.json", "adapter_model.safetensors")
@@ -65,6 +67,12 @@ def train_loop(config: dict[str, Any]) -> None:
     import torch
     import torch.distributed as dist
 
+    # The worker's CPU count from Ray, applied: `distill` collects with an in-process engine
+    # first, whose vLLM preloads libgomp into the workers, so the variable alone is ignored
+    # (app/engine/engine_args.py, intra_op_threads).
+    threads = omp_threads(os.environ)
+    if threads is not None:
+        torch.set_num_threads(threads)
     settings = TrainSettings(**{**config["settings"], "modules": tuple(config["settings"]
                                                                        ["modules"])})
     context = ray.train.get_context()

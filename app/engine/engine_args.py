@@ -194,6 +194,11 @@ def intra_op_threads(launch: EngineLaunch, environ: Mapping[str, str]) -> int | 
         return None
     if launch.effective_env(environ).get("VLLM_CPU_OMP_THREADS_BIND", "auto") != "nobind":
         return None  # vLLM binds the threads itself, one per bound core
+    return omp_threads(environ)
+
+
+def omp_threads(environ: Mapping[str, str]) -> int | None:
+    """`OMP_NUM_THREADS` as a count, None when unset or not a positive number."""
     value = environ.get("OMP_NUM_THREADS", "").strip()
     return int(value) if value.isdigit() and int(value) > 0 else None
 

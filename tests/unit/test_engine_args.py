@@ -107,6 +107,7 @@ def test_an_unbound_cpu_engine_takes_rays_thread_count() -> None:
     assert intra_op_threads(unbound, {"OMP_NUM_THREADS": "1"}) == 1
     assert intra_op_threads(unbound, {"OMP_NUM_THREADS": "3"}) == 3
     assert intra_op_threads(unbound, {}) is None  # outside Ray: torch's own default
+    assert intra_op_threads(unbound, {"OMP_NUM_THREADS": " 2 "}) == 2
     assert intra_op_threads(unbound, {"OMP_NUM_THREADS": "0"}) is None
     assert intra_op_threads(unbound, {"OMP_NUM_THREADS": "two"}) is None
     # vLLM binds the threads itself: from the config, or from an operator's variable.
