@@ -1,13 +1,13 @@
 """`ooo-spec sidecar distill --trainer ray`: the training as a real Ray Train job
 (`TorchTrainer`, CPU workers, gloo), on a tiny random Llama.
 
-- One worker takes the in-process loop's batches: the same adapter (to float tolerance: the
-  worker's thread count may differ).
-- Two workers (gradients all-reduced) train, report checkpoints to Ray Train's storage, and a
-  second run of the same command resumes from the latest one: stopped at 2 steps and run again
-  to 4, the adapter is the one a 4-step job gives. Every two-worker job also passes the job's
-  own end check that the workers hold the same adapter (`ray_job.replicas_agree`; with the
-  all-reduce left out, it fails the job).
+- One worker takes the in-process loop's batches and reports checkpoints to Ray Train's
+  storage, and a second run of the same command resumes from the latest one: stopped at 2 steps
+  and run again to 4, the adapter is the one the in-process loop gives in 4 steps (to float
+  tolerance: the worker's thread count may differ).
+- Two workers (gradients all-reduced) train to the end and pass the job's own end check that
+  the workers hold the same adapter (`ray_job.replicas_agree`; with the all-reduce left out, it
+  fails the job).
 
 The jobs run in a child process on a private local Ray (this module with `-m`), so they never
 meet the session app of tests/conftest.py.
@@ -27,7 +27,7 @@ import pytest
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-CHILD_TIMEOUT_S = 600  # five small jobs on a loaded 2-core box; idle ~1-2 min
+CHILD_TIMEOUT_S = 600  # four small jobs on a loaded 2-core box; idle ~1-2 min
 
 
 def _settings(steps: int, batch_size: int) -> Any:
@@ -66,16 +66,14 @@ def _child(out: Path) -> None:
     try:
         result: dict[str, Any] = {}
         run_training(str(model), pairs, pairs, out / "local", _settings(4, 2), progress=False)
+        run_training(str(model), pairs, pairs, out / "one", _settings(2, 2), progress=False,
+                     ray_workers=1)
+        result["one_at_2"] = weights("one")
         run_training(str(model), pairs, pairs, out / "one", _settings(4, 2), progress=False,
                      ray_workers=1)
-        report = run_training(str(model), pairs, pairs, out / "two", _settings(2, 4),
-                              progress=False, ray_workers=2)
-        result["two_at_2"] = weights("two")
         report = run_training(str(model), pairs, pairs, out / "two", _settings(4, 4),
                               progress=False, ray_workers=2)
-        run_training(str(model), pairs, pairs, out / "straight", _settings(4, 4),
-                     progress=False, ray_workers=2)
-        result |= {name: weights(name) for name in ("local", "one", "two", "straight")}
+        result |= {name: weights(name) for name in ("local", "one", "two")}
         result["report"] = report.model_dump()
         (out / "result.json").write_text(json.dumps(result))
     finally:
@@ -104,17 +102,18 @@ def _close(a: dict[str, list[float]], b: dict[str, list[float]], tol: float = 1e
         for k in a)
 
 
-def test_one_worker_trains_the_in_process_loops_adapter(runs: dict[str, Any]) -> None:
-    assert _close(runs["one"], runs["local"])
+def test_one_worker_trains_the_in_process_loops_adapter_and_a_rerun_resumes(
+    runs: dict[str, Any]
+) -> None:
+    assert not _close(runs["one_at_2"], runs["one"])  # the rerun trained on, from step 2 ...
+    assert _close(runs["one"], runs["local"])  # ... to where the in-process loop gets in 4
     assert any(abs(x) > 1e-4 for v in runs["one"].values() for x in v), "nothing was trained"
 
 
-def test_two_workers_train_and_a_rerun_resumes_from_ray_trains_checkpoint(
-    runs: dict[str, Any]
-) -> None:
-    assert not _close(runs["two_at_2"], runs["two"])  # the rerun trained on, from step 2 ...
-    assert _close(runs["two"], runs["straight"])  # ... to where a 4-step job gets
+def test_two_workers_train_to_the_end_holding_the_same_adapter(runs: dict[str, Any]) -> None:
+    # The job's end check (replicas_agree) passed, or run_training would have raised.
     assert runs["report"]["steps"] == 4 and runs["report"]["after"]["pairs"] == 8
+    assert any(abs(x) > 1e-4 for v in runs["two"].values() for x in v), "nothing was trained"
 
 
 if __name__ == "__main__":
