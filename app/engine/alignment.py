@@ -37,7 +37,7 @@ def candidate_match(
     re-alignment off (prefix only).
 
     >>> candidate_match('{"city": "Rome", "days": ', '{"city": "Paris", "days": 3}')
-    (26, 9)
+    (26, 11)
     """
     if candidate.startswith(generated):
         return len(generated), len(generated)
@@ -103,7 +103,8 @@ def prompt_lookup(tokens: Sequence[int] | np.ndarray, k: int, min_n: int, max_n:
     """vLLM-style n-gram prompt lookup over one request's own tokens (prompt + output).
 
     Finds the most recent earlier occurrence of the last n tokens (n from `max_n` down to
-    `min_n`) and proposes what followed it. The search runs on the tokens' bytes
+    `min_n`) and proposes what followed it (`continuation`: copied on where it runs into the
+    present). The search runs on the tokens' bytes
     (`bytes.rfind`, in C): the proposer calls this on every row without a candidate draft, on
     prompts of thousands of tokens.
     """
@@ -122,10 +123,25 @@ def prompt_lookup(tokens: Sequence[int] | np.ndarray, k: int, min_n: int, max_n:
             if found < 0:
                 break
             if found % width == 0:  # on a token boundary, not inside two tokens' bytes
-                start = found // width
-                follow = seq[start + n : start + n + k]
-                if len(follow):
-                    return [int(t) for t in follow]
-                break
+                return continuation(seq, found // width + n, k)
             end = found + len(needle) - 1
     return []
+
+
+def continuation(seq: np.ndarray, at: int, k: int) -> list[int]:
+    """Up to `k` tokens that follow position `at` of `seq` (0 < `at` < len(seq)), copied
+    on past the end of `seq` as an overlapping copy (LZ77's): a match `d` tokens back runs into
+    the tokens being predicted now, which are then predicted to repeat with period `d`. A
+    repeated pattern (a run of whitespace, a list of similar items) gets a full draft, where
+    what literally follows its most recent occurrence is only `d` tokens long.
+
+    >>> continuation(np.array([7, 1, 2, 1, 2]), 3, 5)
+    [1, 2, 1, 2, 1]
+    >>> continuation(np.array([5, 6, 7, 8]), 1, 2)
+    [6, 7]
+    """
+    follow = [int(t) for t in seq[at:at + k]]
+    period = len(seq) - at
+    while len(follow) < k:
+        follow.append(follow[len(follow) - period])
+    return follow

@@ -18,7 +18,9 @@ Memory is bounded by `max_tokens` per tenant (oldest outputs evicted first, with
 that still point at them) and `max_tenants` (least recently used tenant dropped whole).
 
 `own_match` is the same idea over the request's own prompt and output (the current prompt's
-tool descriptions and earlier tool results), as a binary search over the match length.
+tool descriptions and earlier tool results), as a binary search over the match length; a
+match that runs into the present is copied on (`alignment.continuation`), so a repeated
+pattern in the output is drafted in full.
 
 Pure Python without `arctic-inference`, on purpose: the product must not depend on a native
 build to serve. Writers (a finished request) and the reader (the proposer on the engine's step
@@ -33,6 +35,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from app.engine.alignment import continuation
 
 
 @dataclass(frozen=True)
@@ -174,8 +178,8 @@ def own_match(
 
 
 def _follow(seq: np.ndarray, n: int, k: int) -> list[int] | None:
-    """What followed the most recent earlier occurrence of the last `n` tokens (None: no such
-    occurrence; [] cannot happen, an earlier occurrence ends before the last token)."""
+    """What followed the most recent earlier occurrence of the last `n` tokens, copied on past
+    the present (`continuation`); None: no such occurrence."""
     data = seq.tobytes()
     width = seq.itemsize
     total = len(seq)
@@ -186,8 +190,7 @@ def _follow(seq: np.ndarray, n: int, k: int) -> list[int] | None:
         if found < 0:
             return None
         if found % width == 0:  # on a token boundary, not inside two tokens' bytes
-            start = found // width
-            return [int(t) for t in seq[start + n:start + n + k]]
+            return continuation(seq, found // width + n, k)
         end = found + len(needle) - 1
 
 

@@ -60,14 +60,27 @@ def test_prompt_lookup_ignores_matches_across_token_bytes() -> None:
 
 
 def _lookup_reference(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
-    """The plain loop the vectorised lookup replaced (vLLM's n-gram rule)."""
+    """The plain loop the vectorised lookup replaced (vLLM's n-gram rule), with the draft read
+    as an overlapping copy: draft token i is token `start + n + i` of the sequence the draft
+    extends (the tokens, then the draft itself)."""
     total = len(tokens)
     for n in range(min(max_n, total - 1), min_n - 1, -1):
         suffix = tokens[total - n:]
         for start in range(total - n - 1, -1, -1):
-            if tokens[start:start + n] == suffix and tokens[start + n:start + n + k]:
-                return tokens[start + n:start + n + k]
+            if tokens[start:start + n] == suffix:
+                extended = list(tokens)
+                for i in range(k):
+                    extended.append(extended[start + n + i])
+                return extended[total:]
     return []
+
+
+def test_a_repeated_pattern_is_drafted_in_full() -> None:
+    # A run of one repeated pair (a model writing ", ," to max_tokens): its most recent
+    # occurrence is two tokens back, and the draft copies on through the present.
+    tokens = [9, 8, 5, 6, 5, 6, 5, 6]
+    assert prompt_lookup(tokens, k=5, min_n=2, max_n=4) == [5, 6, 5, 6, 5]
+    assert prompt_lookup([7, 7], k=3, min_n=1, max_n=1) == [7, 7, 7]
 
 
 @given(st.lists(st.one_of(st.integers(0, 3), st.integers(0, 70_000)), max_size=40),

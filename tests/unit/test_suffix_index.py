@@ -75,6 +75,15 @@ def test_own_tokens_longest_tail_on_token_boundaries() -> None:
     assert found is not None and found.tokens == [256, 0]
 
 
+def test_own_tokens_copy_on_through_the_present() -> None:
+    # A run of whitespace: the longest earlier tail ends one token back, so only one token
+    # literally follows it; the draft repeats the run instead of stopping there.
+    found = own_match([3, 4, 0, 0, 0, 0], 6, 1, 8)
+    assert found is not None and (found.length, found.tokens) == (3, [0] * 6)
+    found = own_match([9, 1, 2, 1, 2, 1], 5, 1, 8)
+    assert found is not None and (found.length, found.tokens) == (3, [2, 1, 2, 1, 2])
+
+
 def test_suffix_draft_prefers_the_longer_match_then_the_request_itself() -> None:
     index = SuffixIndex(max_depth=8, max_tokens=100)
     index.add([7, 8, 9, 10, 11])
