@@ -109,23 +109,32 @@ def prompt_lookup(tokens: Sequence[int] | np.ndarray, k: int, min_n: int, max_n:
     prompts of thousands of tokens.
     """
     seq = np.ascontiguousarray(tokens, dtype=np.int64)
-    total = len(seq)
     data = seq.tobytes()
-    width = seq.itemsize
-    for n in range(min(max_n, total - 1), min_n - 1, -1):
+    for n in range(min(max_n, len(seq) - 1), min_n - 1, -1):
         if n <= 0:
             break
-        needle = data[(total - n) * width :]
-        # An earlier occurrence ends before the last token: search data[: (total - 1) * width].
-        end = (total - 1) * width
-        while True:
-            found = data.rfind(needle, 0, end)
-            if found < 0:
-                break
-            if found % width == 0:  # on a token boundary, not inside two tokens' bytes
-                return continuation(seq, found // width + n, k)
-            end = found + len(needle) - 1
+        follow = tail_follow(seq, data, n, k)
+        if follow is not None:
+            return follow
     return []
+
+
+def tail_follow(seq: np.ndarray, data: bytes, n: int, k: int) -> list[int] | None:
+    """What followed the most recent earlier occurrence of `seq`'s last `n` tokens, copied on
+    past the present (`continuation`); None: no such occurrence. `data` is `seq.tobytes()`,
+    made once by the caller for all the `n` it tries."""
+    width = seq.itemsize
+    total = len(seq)
+    needle = data[(total - n) * width:]
+    # An earlier occurrence ends before the last token: search data[: (total - 1) * width].
+    end = (total - 1) * width
+    while True:
+        found = data.rfind(needle, 0, end)
+        if found < 0:
+            return None
+        if found % width == 0:  # on a token boundary, not inside two tokens' bytes
+            return continuation(seq, found // width + n, k)
+        end = found + len(needle) - 1
 
 
 def continuation(seq: np.ndarray, at: int, k: int) -> list[int]:

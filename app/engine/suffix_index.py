@@ -19,7 +19,7 @@ that still point at them) and `max_tenants` (least recently used tenant dropped 
 
 `own_match` is the same idea over the request's own prompt and output (the current prompt's
 tool descriptions and earlier tool results), as a binary search over the match length; a
-match that runs into the present is copied on (`alignment.continuation`), so a repeated
+match that runs into the present is copied on (`alignment.tail_follow`), so a repeated
 pattern in the output is drafted in full.
 
 Pure Python without `arctic-inference`, on purpose: the product must not depend on a native
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.engine.alignment import continuation
+from app.engine.alignment import tail_follow
 
 
 @dataclass(frozen=True)
@@ -162,12 +162,13 @@ def own_match(
     SuffixMatch(length=3, tokens=[9, 7])
     """
     seq = np.ascontiguousarray(tokens, dtype=np.int64)
+    data = seq.tobytes()
     low, high = min_length, min(max_length, len(seq) - 1)
     best: SuffixMatch | None = None
     # An n-token tail occurring earlier implies its shorter tails do: binary search on n.
     while low <= high:
         n = (low + high) // 2
-        follow = _follow(seq, n, k)
+        follow = tail_follow(seq, data, n, k)
         if follow is None:
             high = n - 1
         else:
@@ -175,23 +176,6 @@ def own_match(
                 best = SuffixMatch(n, follow)
             low = n + 1
     return best
-
-
-def _follow(seq: np.ndarray, n: int, k: int) -> list[int] | None:
-    """What followed the most recent earlier occurrence of the last `n` tokens, copied on past
-    the present (`continuation`); None: no such occurrence."""
-    data = seq.tobytes()
-    width = seq.itemsize
-    total = len(seq)
-    needle = data[(total - n) * width:]
-    end = (total - 1) * width
-    while True:
-        found = data.rfind(needle, 0, end)
-        if found < 0:
-            return None
-        if found % width == 0:  # on a token boundary, not inside two tokens' bytes
-            return continuation(seq, found // width + n, k)
-        end = found + len(needle) - 1
 
 
 def suffix_draft(index: SuffixIndex, context: Sequence[int] | np.ndarray, k: int) -> list[int]:
