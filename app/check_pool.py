@@ -19,7 +19,9 @@ take every thread and everyone else's forced calls wait behind them. Here:
   compile has no cancellation point: work that was refused while running runs to its end. It
   keeps its thread, and its tenant's share, until then (`running`), so a tenant whose compiles
   were refused waits behind them itself, and never holds more than `per_tenant` threads; the
-  schema caps (app.api.limits) bound how long such work can run.
+  schema caps (app.api.limits) bound how long such work can run. Work that checks in between
+  its steps (`stop_if_abandoned`, as the router's request checks do between schemas) stops at
+  its next step once every request has left it, and frees its thread then.
 """
 
 from __future__ import annotations
@@ -50,6 +52,25 @@ class _Work(Generic[T]):
     meter: CpuMeter = field(default_factory=CpuMeter)
     waiters: int = 0
     started: bool = False
+    # Every request left it while it ran: `stop_if_abandoned` ends it at its next step.
+    abandoned: bool = False
+
+
+class Abandoned(BaseException):
+    """Raised inside pooled work by `stop_if_abandoned`: nobody waits for its result."""
+
+
+# The work the calling pool thread runs (unset outside a pool's threads).
+_current = threading.local()
+
+
+def stop_if_abandoned() -> None:
+    """Called by pooled work between its steps: raises `Abandoned` once every request that
+    waited for the work has left it (refused past its budget, or cancelled), so refused work
+    stops at its next step rather than running to its end. A no-op outside a pool's thread."""
+    work = getattr(_current, "work", None)
+    if work is not None and work.abandoned:
+        raise Abandoned()
 
 
 @dataclass(frozen=True)
@@ -136,7 +157,10 @@ class CheckPool:
             while True:
                 done, _ = await asyncio.wait({answer}, timeout=_POLL_S)
                 if done:
-                    result: T = shared.result.result()
+                    try:
+                        result: T = shared.result.result()
+                    except Abandoned:  # it stopped as this request joined: as refused
+                        raise OverBudget(shared.meter.cpu_s(), loop.time() - started) from None
                     return result
                 cpu_s, waited_s = shared.meter.cpu_s(), loop.time() - started
                 if over_budget(cpu_s, waited_s, cpu_limit_s, max_wait_s):
@@ -160,13 +184,19 @@ class CheckPool:
                 self._queued.setdefault(tenant, deque()).append(shared)
                 self._wake.notify()
             shared.waiters += 1
+            shared.abandoned = False  # someone waits for it again
             return shared
 
     def _leave(self, shared: _Work[Any]) -> None:
         with self._lock:
             shared.waiters -= 1
-            if shared.waiters or shared.started or shared.result.done():
-                return  # others wait for it, or it runs to its end (threads cannot be stopped)
+            if shared.waiters or shared.result.done():
+                return  # others wait for it
+            if shared.started:
+                # A thread cannot be stopped: the work runs until its next check-in
+                # (`stop_if_abandoned`), or to its end.
+                shared.abandoned = True
+                return
             queue = self._queued.get(shared.tenant)
             if queue is not None and shared in queue:
                 queue.remove(shared)
@@ -203,6 +233,7 @@ class CheckPool:
                     self._wake.wait()
                     shared = self._next()
             shared.meter.start()
+            _current.work = shared
             try:
                 value = shared.run()
             except BaseException as exc:  # noqa: BLE001 - the waiting requests get it
@@ -211,6 +242,8 @@ class CheckPool:
             else:
                 shared.meter.stop()
                 shared.result.set_result(value)
+            finally:
+                _current.work = None
             with self._wake:
                 tenant = shared.tenant
                 self._running[tenant] -= 1

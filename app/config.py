@@ -13,6 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 
 EMBEDDED_MODEL = "embedded"
 
+# Where an engine runs, decided as vLLM decides it (`app/engine/cuda_driver.py`, `detect_platform`).
+Platform = Literal["cpu", "cuda"]
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -24,6 +27,10 @@ class _Strict(BaseModel):
 # place. Serve hashes the whole `args` into every deployment's code version, so an option kept in
 # `args` would restart every replica when it changed. deployments/app.py holds the defaults for
 # what an entry leaves unset.
+
+# The Router deployment's `max_ongoing_requests` unless its `deployments:` entry sets one
+# (deployments/app.py): the anonymous concurrency cap never exceeds what the router holds.
+ROUTER_MAX_ONGOING_REQUESTS = 64
 
 # Serve deployment name of each part the config can deploy.
 ROUTER, MAIN, SIDECAR, TOOL_WORKER, MAIN_NGRAM, MAIN_SUFFIX = (
@@ -110,19 +117,19 @@ class EngineConfig(_Strict):
     tool_format: Literal["hermes", "llama3_json", "mistral", "pythonic"] = Field(
         "hermes",
         description="How the main model writes tool calls, by the name of vLLM's tool parser "
-        "for the same dialect (app/engine/tool_formats/): the fallback tool prompt for chat "
+        "for the same dialect (app/formats/tool_formats/): the fallback tool prompt for chat "
         "templates that ignore tools, how candidates are rendered, how outputs are parsed.",
     )
     reasoning_parser: Literal["deepseek_r1", "qwen3"] | None = Field(
         None,
         description="Thinking models, by the name of vLLM's reasoning parser: the "
         "<think>...</think> block is returned as the message's reasoning, never parsed as a "
-        "call, and drafts start after it closes (app/engine/reasoning.py). None: no thinking.",
+        "call, and drafts start after it closes (app/formats/reasoning.py). None: no thinking.",
     )
 
 
 class LoadAwareConfig(_Strict):
-    """How drafting gives way under load (app/engine/draft_policy.py). Drafts never change the
+    """How drafting gives way under load (app/drafting/draft_policy.py). Drafts never change the
     output, only how many tokens a forward pass may commit and what it costs."""
 
     step_draft_tokens: int | None = Field(
@@ -130,7 +137,7 @@ class LoadAwareConfig(_Strict):
         description="Draft tokens one engine step may verify in all, shared evenly among the "
         "running requests (each at most num_speculative_tokens, at least one). A full batch "
         "spends its compute on its requests' own tokens instead of on drafts. None: the "
-        "engine's platform default (app/engine/draft_policy.py PLATFORM_BUDGETS): 16 on CPU, "
+        "engine's platform default (app/drafting/draft_policy.py PLATFORM_BUDGETS): 16 on CPU, "
         "where a verified draft token costs about a decoded one, so one user keeps the full "
         "num_speculative_tokens (16), four users 4 each, 15 users 1 each; 256 on GPU, "
         "where a decode step is memory-bound and drafts ride along nearly free.",
@@ -160,7 +167,7 @@ class LoadAwareConfig(_Strict):
 
 
 class HistoryConfig(_Strict):
-    """Past committed calls offered as candidates at time zero (app/engine/history.py)."""
+    """Past committed calls offered as candidates at time zero (app/drafting/history.py)."""
 
     enabled: bool = True
     max_entries: int = Field(256, ge=1, description="Calls kept per main replica (memory only).")
@@ -182,7 +189,7 @@ class HistoryConfig(_Strict):
 
 class SuffixConfig(_Strict):
     """The `suffix` draft source: each tenant's own earlier outputs and the request's own
-    tokens, matched on their longest common suffix with the output (app/engine/suffix_index.py).
+    tokens, matched on their longest common suffix with the output (app/drafting/suffix_index.py).
     Memory: about 100 bytes per token per `max_depth`, per tenant."""
 
     enabled: bool = Field(
@@ -248,7 +255,7 @@ class SpeculationConfig(_Strict):
     prompt_lookup_fallback: bool = Field(
         True, description="Propose from the request's own tokens (vLLM's n-gram prompt "
         "lookup, source `lookup`); drafted where its drafts are expected to be accepted more "
-        "than the other sources' (app/engine/draft_choice.py).",
+        "than the other sources' (app/drafting/draft_choice.py).",
     )
     schema_drafts: bool = Field(
         True,
@@ -406,7 +413,7 @@ class MainConfig(_Strict):
         32, ge=0, le=256,
         description="Forced tool calls and `response_format`: between two JSON tokens the "
         "grammar allows nothing, one space, or one newline plus at most this many spaces/tabs "
-        "(app/engine/json_grammar.py), so a weak model cannot loop on whitespace until "
+        "(app/formats/json_grammar.py), so a weak model cannot loop on whitespace until "
         "max_tokens. None = vLLM's own grammar (any whitespace).",
     )
 
@@ -419,6 +426,13 @@ class RouterConfig(_Strict):
         "the rest of the context after the prompt, bounded by `limits.max_tokens`.",
     )
     request_timeout_s: float = Field(300, gt=0)
+    body_timeout_s: float = Field(
+        10.0, gt=0,
+        description="Longest the router waits for a request's whole body once the request "
+        "has arrived; past it a 408 `body_timeout` and the caller's concurrency slot is "
+        "released (the slot is taken before the body is read, so a body sent slowly or not "
+        "at all would hold it until the request deadline). 1 MB at 100 KB/s fits.",
+    )
 
 
 class LimitsConfig(_Strict):
@@ -527,6 +541,13 @@ class ApiKeyConfig(_Strict):
     name: str | None = Field(
         None, description="Label in errors and metrics (the key itself is never shown)."
     )
+    tenant: str | None = Field(
+        None, min_length=1, max_length=64,
+        description="Tenant the key belongs to: keys with the same tenant share its history, "
+        "suffix index and prefix cache, and one share of every per-tenant bound (the check "
+        "pools' threads, the caches' capacity), so a client with several keys holds no more "
+        "than with one. None: the key is a tenant of its own.",
+    )
     max_concurrent: int | None = Field(
         None, ge=1, description="This key's own concurrency limit (default: the section's)."
     )
@@ -557,10 +578,14 @@ class AuthConfig(_Strict):
         "that needs more than the whole limit runs only while the key has nothing else in "
         "flight.",
     )
-    max_concurrent_anonymous: int = Field(
-        256, ge=1,
+    max_concurrent_anonymous: int | None = Field(
+        None, ge=1,
         description="The same limit for callers without a key (a server with no keys "
-        "configured): all anonymous requests on one router replica share it.",
+        "configured): all anonymous requests on one router replica share it. Never more than "
+        "the Router deployment's `max_ongoing_requests` (64 by default): beyond it Serve "
+        "queues requests in front of the router, where no limit answers them, so a larger "
+        "value is clamped to it at start (and `ooo-spec config check` reports it). None: "
+        "that number.",
     )
     retry_after_s: int = Field(1, ge=1, description="`Retry-After` of a 429.")
 

@@ -36,10 +36,18 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Field, ValidationError
 
-from app.config import MAIN_SUFFIX, AppConfig, EngineConfig, ModelDims, SidecarUserConfig
+from app.config import (
+    MAIN_SUFFIX,
+    ROUTER,
+    ROUTER_MAX_ONGOING_REQUESTS,
+    AppConfig,
+    EngineConfig,
+    ModelDims,
+    Platform,
+    SidecarUserConfig,
+)
 from app.engine.engine_args import (
     DEFAULT_BLOCK_SIZE,
-    Platform,
     cpu_kv_cache_gib,
     custom_proposer_config,
     engine_launch,
@@ -463,13 +471,14 @@ def check_application(
         report.errors += _validation_messages(exc)
         return report
     actors = deployment_actor_options(application, config)
+    report.errors += router_capacity_errors(application, config)
     engines: dict[str, tuple[EngineConfig, str, dict[str, Any] | None]] = {
         "MainModel": (config.main.engine, "main.engine",
                       custom_proposer_config(config.speculation)),
     }
     if config.sidecar.enabled:
         # The sidecar's engine drafts the verifying pass over a call from its slots: it gets
-        # the candidate proposer too (app/engine/sidecar.py).
+        # the candidate proposer too (app/sidecar/service.py).
         engines["Sidecar"] = (config.sidecar.engine, "sidecar.engine",
                               custom_proposer_config(config.speculation))
     ngram = config.baselines.ngram
@@ -505,6 +514,20 @@ def check_application(
         report.deployments.append(dep)
     _check_baseline_hardware(report, actors)
     return report
+
+
+def router_capacity_errors(application: Mapping[str, Any], config: AppConfig) -> list[str]:
+    """`auth.max_concurrent_anonymous` above what the Router deployment holds at once (its
+    entry's `max_ongoing_requests`, else the code's default): past the router's capacity Serve
+    queues requests where no limit answers them. The router clamps it at start; said here."""
+    raw = _entry(application, ROUTER).get("max_ongoing_requests")
+    capacity = raw if isinstance(raw, int) and raw > 0 else ROUTER_MAX_ONGOING_REQUESTS
+    anonymous = config.auth.max_concurrent_anonymous
+    if anonymous is None or anonymous <= capacity:
+        return []
+    return [f"args.auth.max_concurrent_anonymous is {anonymous}, above the Router deployment's "
+            f"max_ongoing_requests ({capacity}): lower it (or unset it to use that number); "
+            "the router would clamp it to that"]
 
 
 def _entry(application: Mapping[str, Any], deployment: str) -> Mapping[str, Any]:
@@ -616,9 +639,9 @@ def check_tool_format(dep: DeploymentReport, cfg: EngineConfig) -> None:
                 f"{cfg.model} thinks before it answers: set `main.engine.reasoning_parser: "
                 f"{parser}`, or its thoughts come back as content and are drafted over"
             )
-    from app.engine import chat_prompt
     from app.engine.embedded_model import EMBEDDED_MODEL_ALIAS, embedded_model_dir, is_prepared
-    from app.engine.tool_formats import get_format
+    from app.formats import chat_prompt
+    from app.formats.tool_formats import get_format
 
     if cfg.model == EMBEDDED_MODEL_ALIAS:
         folder: Path | None = embedded_model_dir() if is_prepared() else None
@@ -661,7 +684,7 @@ def _check_baseline_hardware(
 def _platform(actor: ActorOptions) -> Platform:
     # A replica that reserved GPUs runs on CUDA. One that reserved none is placed (pool
     # resources) on CPU nodes, where NVML, which decides the platform like vLLM
-    # (engine_args.detect_platform), sees no GPU; on a GPU node it would take CUDA with no
+    # (cuda_driver.detect_platform), sees no GPU; on a GPU node it would take CUDA with no
     # device visible to it, so engine deployments there reserve their GPUs.
     return "cuda" if actor.num_gpus > 0 else "cpu"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from app.output_format import ResponseFormat
 from app.speculation.draft_sources import SourceTallies
@@ -41,6 +41,22 @@ class ChatMessage(_Wire):
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
     refusal: str | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _content_parts(cls, content: Any) -> Any:
+        """Every part names its `type`, and a text part carries its text as a string (the
+        prompt joins the text parts: anything else would fail in the main replica)."""
+        if not isinstance(content, list):
+            return content
+        for index, part in enumerate(content):
+            kind = part.get("type")
+            if not isinstance(kind, str):
+                raise ValueError(f"content part {index} needs a 'type' string")
+            if kind == "text" and not isinstance(part.get("text"), str):
+                raise ValueError(f"content part {index} is a text part and needs 'text', a "
+                                 "string")
+        return content
 
     @model_validator(mode="after")
     def _role_fields(self) -> ChatMessage:
@@ -156,7 +172,7 @@ class ChatCompletionRequest(_Wire):
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     # Extra variables for the model's chat template (e.g. `enable_thinking`), as in vLLM;
-    # only variables the template uses reach it (app/engine/chat_prompt.py).
+    # only variables the template uses reach it (app/formats/chat_prompt.py).
     chat_template_kwargs: dict[str, Any] | None = None
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)

@@ -3,7 +3,7 @@
 As in vLLM's OpenAI server, `json_object` constrains the output to a JSON object and
 `json_schema` to its schema (with or without `strict`: vLLM constrains either way); `text` is
 free text. The constraint is the main model's bounded-whitespace JSON grammar
-(app/engine/json_grammar.py).
+(app/formats/json_grammar.py).
 """
 
 from __future__ import annotations

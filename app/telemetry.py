@@ -59,9 +59,9 @@ from app.speculation.draft_sources import DRAFT_SOURCES
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
 
-    from app.engine.turn import TurnResult
     from app.openai_models import OooSpecReport
     from app.speculation.prediction import Prediction
+    from app.speculation.turn import TurnResult
 
 TRACER_NAME = "ooo_spec"
 DEFAULT_SERVICE_NAME = "ooo-spec"

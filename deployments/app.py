@@ -14,9 +14,9 @@ from typing import Any
 
 from ray.serve import Application, Deployment
 
-from app.config import MAIN_NGRAM, MAIN_SUFFIX, load_config
-from app.engine.baselines import NGRAM, SUFFIX
+from app.config import MAIN_NGRAM, MAIN_SUFFIX, ROUTER_MAX_ONGOING_REQUESTS, load_config
 from app.engine.placement import engine_placement
+from app.main_model.baselines import NGRAM, SUFFIX
 from deployments.main_model import MainModel
 from deployments.router import Router
 from deployments.sidecar import Sidecar
@@ -28,7 +28,8 @@ from deployments.tool_worker import ToolWorker
 DEFAULT_OPTIONS: dict[str, dict[str, Any]] = {
     "MainModel": {"max_ongoing_requests": 16, "ray_actor_options": {"num_cpus": 1}},
     "Sidecar": {"max_ongoing_requests": 16, "ray_actor_options": {"num_cpus": 1}},
-    "Router": {"max_ongoing_requests": 64, "ray_actor_options": {"num_cpus": 0}},
+    "Router": {"max_ongoing_requests": ROUTER_MAX_ONGOING_REQUESTS,
+               "ray_actor_options": {"num_cpus": 0}},
     "ToolWorker": {
         "max_ongoing_requests": 16,
         "ray_actor_options": {"num_cpus": 0},

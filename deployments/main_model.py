@@ -16,12 +16,12 @@ from ray import serve
 from app import telemetry
 from app.api.prefix_index import ROUTE_KEY
 from app.config import load_config
-from app.engine.baselines import baseline_service
-from app.engine.main_model import MainModelService
 from app.engine.rejections import engine_rejection
-from app.engine.turn import TurnError, TurnEvent, TurnResult
+from app.main_model.baselines import baseline_service
+from app.main_model.service import MainModelService
 from app.openai_models import ChatCompletionRequest
 from app.speculation.prediction import Prediction
+from app.speculation.turn import TurnError, TurnEvent, TurnResult
 from app.tenancy import ANONYMOUS_TENANT, TENANT_KEY
 from deployments.metrics import ServeMetrics
 

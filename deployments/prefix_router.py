@@ -50,7 +50,13 @@ def payload_key(args: list[Any]) -> PromptKey | None:
         return None
     tools = payload.get("tools")
     tenant = payload.get(TENANT_KEY, ANONYMOUS_TENANT)
-    return prompt_key(str(tenant), tools if isinstance(tools, list) else [], messages)
+    try:
+        return prompt_key(str(tenant), tools if isinstance(tools, list) else [], messages)
+    except Exception:
+        # Raised inside Serve's routing, the request would never be assigned and would wait
+        # out its timeout holding its Router slot: route it by power of two choices instead.
+        logger.warning("could not key a payload for affinity routing", exc_info=True)
+        return None
 
 
 def payload_route(args: list[Any]) -> str | None:

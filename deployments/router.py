@@ -40,9 +40,9 @@ from app.api.errors import ApiError, describe_validation_errors, error_body
 from app.api.pre_execution import ToolPolicy
 from app.api.request_flow import Incoming, JsonReply, Reply, RequestFlow
 from app.api.sidecar_gate import SidecarGate
-from app.config import load_config
-from app.engine.turn import TurnError, TurnEvent
+from app.config import ROUTER_MAX_ONGOING_REQUESTS, load_config
 from app.speculation.prediction import Prediction
+from app.speculation.turn import TurnError, TurnEvent
 from app.tools.registry import DEFAULT_TIMEOUT_S, ToolResult, ToolSpec
 from deployments.metrics import ServeMetrics
 
@@ -167,6 +167,15 @@ async def _release_on_arrival(ref: Any, release: Callable[[], None]) -> None:
         release()
 
 
+def _router_capacity() -> int:
+    """The requests this Router replica holds at once (its deployment's
+    `max_ongoing_requests`, as the Serve config set it), or the code's default outside Serve."""
+    try:
+        return int(serve.get_replica_context()._deployment_config.max_ongoing_requests)
+    except Exception:  # noqa: BLE001 - not in a replica (tests): the code's default
+        return ROUTER_MAX_ONGOING_REQUESTS
+
+
 @serve.deployment(name="Router")
 @serve.ingress(api)
 class Router:
@@ -205,7 +214,13 @@ class Router:
         self.text = CompletionService(self.config.main.engine.served_model_name)
         telemetry.setup_tracing("router")
         # The request logic, called once per POST (app/api/request_flow.py).
-        self.flow = RequestFlow(self.config, ApiKeys.from_config(self.config.auth, os.environ),
+        capacity = _router_capacity()
+        anonymous = self.config.auth.max_concurrent_anonymous
+        if anonymous is not None and anonymous > capacity:
+            logger.warning("auth.max_concurrent_anonymous (%d) is above the Router's "
+                           "max_ongoing_requests (%d): clamped to it", anonymous, capacity)
+        self.flow = RequestFlow(self.config,
+                                ApiKeys.from_config(self.config.auth, os.environ, capacity),
                                 self.chat, self.text, self._start_sidecar, self._main_events,
                                 sidecar_deployed=sidecar is not None)
         self.started = time.time()

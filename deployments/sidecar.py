@@ -14,10 +14,10 @@ from ray import serve
 from app import telemetry
 from app.api.prefix_index import ROUTE_KEY
 from app.config import SidecarUserConfig, load_config
-from app.engine.sidecar import SidecarService
 from app.engine.vllm_engine import use_cache_salt
 from app.faults import SIDECAR_FAULTS, FaultPlan, garbage_prediction, wrong_prediction
 from app.openai_models import ChatCompletionRequest
+from app.sidecar.service import SidecarService
 from app.speculation.prediction import Prediction
 from app.tenancy import ANONYMOUS_TENANT, TENANT_KEY
 from deployments.fault_handles import FaultHandles

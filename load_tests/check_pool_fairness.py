@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 from app.check_pool import CheckPool
 from app.config import LimitsConfig
-from app.engine.grammar_check import GrammarCheck, GrammarTooSlow, tokenizer_info
-from app.engine.json_grammar import bounded_whitespace_grammar
+from app.formats.grammar_check import GrammarCheck, GrammarTooSlow, tokenizer_info
+from app.formats.json_grammar import bounded_whitespace_grammar
 
 
 @dataclass

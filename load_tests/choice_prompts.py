@@ -34,8 +34,8 @@ async def measure(config_file: str, plain: dict[str, str], limit: int,
 
     from app.config import AppConfig
     from app.distill.collect import DistillCase, request_body
-    from app.engine.sidecar import SidecarService
     from app.openai_models import ChatCompletionRequest
+    from app.sidecar.service import SidecarService
     from load_tests.bfcl import load_bfcl
 
     args = yaml.safe_load(Path(config_file).read_text(encoding="utf-8"))

@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from app.engine.candidate_proposer import CandidateProposer
-from app.engine.candidate_store import CandidateStore
-from app.engine.tool_format import ParsedCall, placeholder_call, render_forced_variants
+from app.drafting.candidate_proposer import CandidateProposer
+from app.drafting.candidate_store import CandidateStore
+from app.formats.tool_format import ParsedCall, placeholder_call, render_forced_variants
 
 MAX_MODEL_LEN = 4096
 PROMPT_LEN = 300

@@ -100,8 +100,8 @@ async def measure(app_args: dict[str, Any], plain: dict[str, list[Invocation]],
                   adapters: Sequence[bool]) -> dict[tuple[str, bool], Tally]:
     from app.config import AppConfig
     from app.distill.collect import DistillCase, request_body
-    from app.engine.sidecar import SidecarService
     from app.openai_models import ChatCompletionRequest
+    from app.sidecar.service import SidecarService
     from load_tests.bench import same_calls
     from load_tests.bfcl import load_bfcl
 

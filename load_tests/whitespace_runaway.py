@@ -1,5 +1,5 @@
 """How many forced BFCL calls end at `max_tokens`, under vLLM's any-whitespace JSON grammar and
-under the bounded-whitespace grammar (`main.json_max_indent`, app/engine/json_grammar.py).
+under the bounded-whitespace grammar (`main.json_max_indent`, app/formats/json_grammar.py).
 
 Runs the main engine in-process (no Ray, no HTTP), plain greedy decoding, every case once per
 grammar. Run it alone on the machine (it loads a vLLM engine):
@@ -18,7 +18,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from app.config import AppConfig
-from app.engine.main_model import MainModelService
+from app.main_model.service import MainModelService
 from app.openai_models import ChatCompletionRequest
 from load_tests.bfcl import BfclCase, load_bfcl, score_calls
 

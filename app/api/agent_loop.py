@@ -10,7 +10,6 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.engine.turn import TurnResult
 from app.openai_models import (
     MainReport,
     PredictionReport,
@@ -19,6 +18,7 @@ from app.openai_models import (
     ToolResultReport,
 )
 from app.speculation.reconcile import Outcome
+from app.speculation.turn import TurnResult
 
 
 @dataclass

@@ -9,7 +9,9 @@ key by its label (`name`, or `key-` and the digest's first 8 hex digits), never 
 `ConcurrencyLimiter` admits at most `max_concurrent` engine requests of one key at a time on
 this router replica (a request counts its choices and their sidecar requests, app/api/work.py)
 and answers the next with 429 and `Retry-After` (with several router replicas the limit holds
-per replica). Callers without a key share `auth.max_concurrent_anonymous`.
+per replica). Callers without a key share `auth.max_concurrent_anonymous`, never more than the
+router deployment's `max_ongoing_requests` (`anonymous_cap`). Keys may share a tenant
+(`auth.api_keys[].tenant`): their per-tenant state and bounds are then one.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from app.api.errors import ApiError
-from app.config import AuthConfig
+from app.config import ROUTER_MAX_ONGOING_REQUESTS, AuthConfig
 from app.tenancy import ANONYMOUS_TENANT
 
 ANONYMOUS = "anonymous"
@@ -53,11 +55,31 @@ def _unauthorized(message: str) -> ApiError:
                     headers={"WWW-Authenticate": 'Bearer realm="ooo-spec"'})
 
 
+def tenant_of(digest: bytes, shared: str | None = None) -> str:
+    """A key's tenant: its own (from its digest), or the configured `shared` one that several
+    keys may name (from that name), both hashed so a tenant id reveals neither."""
+    seed = b"ooo-spec tenant " + (digest if shared is None else b"name " + shared.encode())
+    return f"tenant-{hashlib.sha256(seed).hexdigest()[:16]}"
+
+
+def anonymous_cap(configured: int | None, router_capacity: int) -> int:
+    """The anonymous callers' concurrency limit: what the config says, never more than the
+    requests the router deployment holds at once (`max_ongoing_requests`), which it is when
+    unset. Beyond it Serve queues requests where no limit answers them.
+
+    >>> anonymous_cap(None, 64), anonymous_cap(256, 64), anonymous_cap(8, 64)
+    (64, 64, 8)
+    """
+    return router_capacity if configured is None else min(configured, router_capacity)
+
+
 class ApiKeys:
     def __init__(self, keys: list[tuple[str, str | None, int | None]], default_limit: int,
-                 anonymous_limit: int | None = None) -> None:
+                 anonymous_limit: int | None = None,
+                 tenants: Mapping[str, str] | None = None) -> None:
         """`keys`: (secret, label or None, own concurrency limit or None); `anonymous_limit`:
-        the limit every caller shares while no key is configured (None: unlimited)."""
+        the limit every caller shares while no key is configured (None: unlimited);
+        `tenants`: the shared tenant name of a key, by secret (default: its own)."""
         self.anonymous = Caller(ANONYMOUS, anonymous_limit)
         self._keys: list[_Key] = []
         seen: set[bytes] = set()
@@ -67,17 +89,23 @@ class ApiKeys:
                 continue
             seen.add(digest)
             key_id = label or f"key-{digest.hex()[:8]}"
-            tenant = f"tenant-{hashlib.sha256(b'ooo-spec tenant ' + digest).hexdigest()[:16]}"
+            tenant = tenant_of(digest, (tenants or {}).get(secret))
             self._keys.append(_Key(digest, Caller(key_id, limit or default_limit, tenant)))
 
     @classmethod
-    def from_config(cls, config: AuthConfig, environ: Mapping[str, str]) -> ApiKeys:
+    def from_config(cls, config: AuthConfig, environ: Mapping[str, str],
+                    router_capacity: int = ROUTER_MAX_ONGOING_REQUESTS) -> ApiKeys:
+        """`router_capacity`: the Router deployment's `max_ongoing_requests`, the most the
+        anonymous callers may hold (`anonymous_cap`)."""
         keys: list[tuple[str, str | None, int | None]] = [
             (k.key.get_secret_value(), k.name, k.max_concurrent) for k in config.api_keys
         ]
+        tenants = {k.key.get_secret_value(): k.tenant for k in config.api_keys
+                   if k.tenant is not None}
         raw = environ.get(config.api_keys_env, "") if config.api_keys_env else ""
         keys.extend((part.strip(), None, None) for part in raw.split(",") if part.strip())
-        return cls(keys, config.max_concurrent_per_key, config.max_concurrent_anonymous)
+        return cls(keys, config.max_concurrent_per_key,
+                   anonymous_cap(config.max_concurrent_anonymous, router_capacity), tenants)
 
     @property
     def enabled(self) -> bool:

@@ -37,8 +37,7 @@ from app.api.streaming import (  # noqa: F401 - moved there; importers of this m
     stream_sse,
 )
 from app.config import SidecarValueConfig, TelemetryConfig
-from app.engine.tool_format import new_call_id
-from app.engine.turn import TurnDelta, TurnError, TurnEvent, TurnResult
+from app.formats.tool_format import new_call_id
 from app.openai_models import (
     ChatCompletionRequest,
     OooSpecReport,
@@ -50,6 +49,7 @@ from app.openai_models import (
 from app.speculation.canonical import Invocation
 from app.speculation.prediction import Prediction
 from app.speculation.reconcile import Outcome, classify_outcome
+from app.speculation.turn import TurnDelta, TurnError, TurnEvent, TurnResult
 from app.telemetry import HitRateWindow, MetricsSink, NullMetrics
 from app.tenancy import ANONYMOUS_TENANT, TENANT_KEY
 
@@ -94,6 +94,10 @@ class ChatService:
     final assistant message (LangChain's `early_stopping_method="generate"`). A turn that
     commits any call the server does not know ends the loop: its calls go back to the client
     as ordinary `tool_calls`, unexecuted, and are treated as with `execute_tools: false`.
+    The turns share the request's one token budget (`max_tokens`, or the server's ceiling:
+    what the request checks counted against `limits.max_request_tokens`): each next turn may
+    generate what the turns before left, and once nothing is left the committed calls go back
+    to the client unexecuted, so the usage summed over the turns stays within it.
 
     With `execute_tools: false` nothing runs after the commit; `tool_results` lists only
     pre-executed results that match a committed call and were finished when it was committed
@@ -172,9 +176,12 @@ class ChatService:
         main_events: MainEvents,
         trace_parent: Context | None = None,
         tenant: str = ANONYMOUS_TENANT,
+        token_budget: int | None = None,
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """('delta', {'text'}) per main-model step, then ('final', completion dict).
         `tenant`: the caller's (app.api.auth), carried to the main replica and the sidecar.
+        `token_budget`: the most tokens the request may generate over all its turns (what the
+        request checks counted for it, app/api/work.py; None: no bound beyond each turn's).
 
         The request is one trace of its own: `router.request` (linked to `trace_parent`, the
         client's `traceparent`, if any; never its child) with an `agent.turn` span per turn.
@@ -185,7 +192,7 @@ class ChatService:
         completed = False
         try:
             async for kind, event in self._events(request, start_sidecar, main_events, state,
-                                                  root, tenant):
+                                                  root, tenant, token_budget):
                 if kind == "final":
                     completed = True
                     self._observe(root, event, state)
@@ -212,6 +219,7 @@ class ChatService:
         state: LoopState,
         root: Span,
         tenant: str,
+        token_budget: int | None = None,
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         started = self.clock()
         turn_request = request
@@ -247,7 +255,8 @@ class ChatService:
                 try:
                     # No `yield` in here: reconcile and tool spans are children of the turn.
                     with telemetry.within(turn_span):
-                        if await self._executes(request, turn, state):
+                        if await self._executes(request, turn, state,
+                                                tokens_left(token_budget, state)):
                             messages = await self._run_round(turn, state, tenant)
                         else:
                             await self._report_ready(turn, state)
@@ -265,7 +274,8 @@ class ChatService:
                 yield "final", self.completion(request, turn, state, started)
                 return
             state.rounds += 1
-            turn_request = self._next_request(request, turn_request, messages, state)
+            turn_request = self._next_request(request, turn_request, messages, state,
+                                              tokens_left(token_budget, state))
 
     async def _turn(
         self,
@@ -348,12 +358,17 @@ class ChatService:
         yield "turn", {"turn": _Turn(final, call_ids, commit, pre, prediction, decision, route)}
 
     async def _executes(
-        self, request: ChatCompletionRequest, turn: _Turn, state: LoopState
+        self, request: ChatCompletionRequest, turn: _Turn, state: LoopState,
+        left: int | None = None,
     ) -> bool:
-        """Whether the server runs this turn's calls (see the class docstring)."""
+        """Whether the server runs this turn's calls (see the class docstring). Not once the
+        request's token budget is spent (`left`, see `tokens_left`): no next turn could
+        answer, so the calls go back to the client."""
         if not (request.ooo_spec.execute_tools and turn.invocations and self.tools is not None):
             return False
         if state.rounds >= request.ooo_spec.max_steps:
+            return False
+        if left is not None and left < 1:
             return False
         offered = request.server_tool_names  # declared the server's (ooo_spec.server_tools)
         try:
@@ -428,9 +443,18 @@ class ChatService:
         current: ChatCompletionRequest,
         messages: list[dict[str, Any]],
         state: LoopState,
+        left: int | None = None,
     ) -> ChatCompletionRequest:
+        """The next turn's request: the conversation so far, and at most the tokens the
+        request has `left` (every turn counts against its one `max_tokens`)."""
         data = current.model_dump(exclude_none=True)
         data["messages"] = [*data["messages"], *messages]
+        if left is not None:
+            for key in ("max_tokens", "max_completion_tokens"):
+                if key in data:
+                    data[key] = min(data[key], left)
+            if "max_completion_tokens" not in data:
+                data["max_tokens"] = min(data.get("max_tokens", left), left)
         if state.rounds >= original.ooo_spec.max_steps:
             # The tool budget is spent: one last turn that must answer in text.
             data["tool_choice"] = "none"
@@ -528,6 +552,19 @@ class ChatService:
             sidecar_decisions=state.sidecar_decisions,
             routing=state.routes,
         )
+
+
+def tokens_left(budget: int | None, state: LoopState) -> int | None:
+    """Of a request's token budget (None: unbounded), what its turns so far left: the agent
+    loop's turns share one budget, the one the request checks counted (`max_tokens`, or the
+    server's ceiling), so `max_tokens` bounds the usage summed over every turn.
+
+    >>> tokens_left(None, LoopState()) is None
+    True
+    """
+    if budget is None:
+        return None
+    return budget - sum(final.completion_tokens for final in state.finals)
 
 
 # All a client learns of a prediction that failed or was skipped: the detail (an exception's

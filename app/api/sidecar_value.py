@@ -3,7 +3,7 @@
 The sidecar costs a second model's compute (on a CPU, the cores the main model decodes on) and
 router work; it pays only by drafted tokens the main model accepts that no other source (the
 tool schemas, the tenant's earlier outputs, prompt lookup) would have drafted at the same
-steps: the sidecar's `gain_tokens` (app/engine/draft_choice.py). Deep in an agent conversation
+steps: the sidecar's `gain_tokens` (app/drafting/draft_choice.py). Deep in an agent conversation
 the suffix source often drafts the same tokens sooner, and a late prediction drafts nothing.
 
 So the router keeps, per tenant and tool set, the sidecar's gain over its last `window` calls.

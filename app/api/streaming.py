@@ -3,7 +3,7 @@
 Per choice: a role chunk; `reasoning` deltas while a thinking model thinks; `content` deltas
 as the text is decoded, until a tool call starts; then `tool_calls` deltas, the call's
 `index`, `id`, `type` and `function.name` first and `function.arguments` in pieces as they
-are written (app/engine/output_stream.py reads the output; the formats' `call_stream`s read
+are written (app/formats/output_stream.py reads the output; the formats' `call_stream`s read
 the calls). At the end the finished response (the same the non-streamed request returns) is
 the truth: whatever the stream has not sent yet of it goes out before the finish chunk, so
 the deltas of a choice join to its non-streamed message (the ids of streamed calls are the
@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.api.errors import ApiError
-from app.engine.output_stream import OutputDelta, OutputStream
-from app.engine.reasoning import Reasoning, ReasoningParserName
-from app.engine.tool_format import new_call_id
-from app.engine.tool_formats import ToolFormat, get_format
-from app.engine.tool_formats.incremental import CallDelta
+from app.formats.output_stream import OutputDelta, OutputStream
+from app.formats.reasoning import Reasoning, ReasoningParserName
+from app.formats.tool_format import new_call_id
+from app.formats.tool_formats import ToolFormat, get_format
+from app.formats.tool_formats.incremental import CallDelta
 from app.openai_models import ChatCompletionRequest
 
 logger = logging.getLogger(__name__)

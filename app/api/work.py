@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from app.api.errors import ApiError
 from app.config import LimitsConfig
-from app.engine.slot_filling import slots
 from app.openai_models import ChatCompletionRequest
+from app.sidecar.slot_filling import slots
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ def sidecar_requests(request: ChatCompletionRequest, plan: WorkPlan | None) -> i
 def max_tokens_of(request: ChatCompletionRequest, limits: LimitsConfig, context: int,
                   default_max_tokens: int | None) -> int:
     """The most tokens one choice may generate: its `max_tokens`, or what the main replica
-    gives a request without one (app.engine.main_model.completion_budget's ceiling)."""
+    gives a request without one (app.main_model.service.completion_budget's ceiling)."""
     asked = request.max_completion_tokens or request.max_tokens or default_max_tokens
     ceiling = min(limits.max_tokens, context)
     return min(asked, ceiling) if asked is not None else ceiling

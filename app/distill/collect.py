@@ -16,7 +16,7 @@ Schemas, so the main model chooses among tools it was not asked about), and the 
 scenarios (`agent`: app/datasets/agent_scenarios.py, each conversation up to the call its last
 turn asks for, with its own tool choice; their tools are the ones the config's tool workers
 register, as `GET /v1/tools` lists them: `tool_listing`). Not the router's history store: it
-lives in each main replica's memory only (app/engine/history.py), by the privacy rules, and
+lives in each main replica's memory only (app/drafting/history.py), by the privacy rules, and
 nothing reads it out. Both datasets are the product's own (`app/datasets/`), never the
 benchmark's.
 
@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict
 
 from app.config import AppConfig
 from app.distill.pairs import TOOLSETS_PREFIX, CommittedCall, Sample
-from app.engine.main_model import MainModelService
+from app.main_model.service import MainModelService
 from app.openai_models import ChatCompletionRequest
 
 # The benchmark's agreement cases (issue: BFCL simple_python + multiple): never collected.

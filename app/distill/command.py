@@ -48,7 +48,7 @@ def collect_samples(config: AppConfig, args: argparse.Namespace, path: Path) -> 
         tool_listing,
     )
     from app.distill.pairs import Sample
-    from app.engine.main_model import MainModelService
+    from app.main_model.service import MainModelService
 
     log = CollectionLog(path)
     sources = args.sources.split(",")

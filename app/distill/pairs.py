@@ -30,10 +30,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from app.config import AppConfig
-from app.engine import slot_filling
 from app.engine.embedded_model import resolve_model_path
-from app.engine.sidecar import SidecarService
 from app.openai_models import ChatCompletionRequest
+from app.sidecar import slot_filling
+from app.sidecar.service import SidecarService
 
 PairKind = Literal["name", "slot", "refill", "more", "call"]
 KINDS: tuple[PairKind, ...] = ("name", "slot", "refill", "more", "call")

@@ -1,1 +1,1 @@
-"""Model engines: vLLM wrapper, embedded model, candidate proposer and store."""
+"""Model engines and their platform: vLLM wrapper, engine arguments, GPU and driver, placement."""

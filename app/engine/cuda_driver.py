@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from app.engine.engine_args import Platform
+from app.config import Platform
 
 # CUDA toolkit version -> the Linux driver released with it (NVIDIA's CUDA release notes,
 # "CUDA Toolkit and Corresponding Driver Versions"). Drivers of the same major CUDA version
@@ -150,6 +149,7 @@ def is_jetson() -> bool:
     return os.path.isfile("/etc/nv_tegra_release") or os.path.exists("/sys/class/tegra-firmware")
 
 
+
 def nvml_platform(view: NvmlView | None, cpu_build: bool, jetson: bool = False) -> Platform:
     """'cuda' or 'cpu', as vLLM's `cuda_platform_plugin` decides from the same facts."""
     if cpu_build:
@@ -157,3 +157,20 @@ def nvml_platform(view: NvmlView | None, cpu_build: bool, jetson: bool = False) 
     if view is None:
         return "cuda" if jetson else "cpu"
     return "cuda" if view.gpus > 0 else "cpu"
+
+
+def detect_platform(
+    nvml: Any | None = None, cpu_build: bool | None = None, cuda_version: str | None = None
+) -> Platform:
+    """Where this replica's engine runs, decided as vLLM decides it: CUDA when NVML counts a
+    GPU and vLLM is not a CPU build, not when torch sees one (a
+    driver too old for torch's CUDA hides the GPU from torch, not from vLLM). Whenever NVML sees
+    a GPU the driver is checked first: `DriverTooOld` names the driver the image needs.
+    Arguments: fakes for tests (NVML module, build, torch's CUDA version); None reads the real
+    ones."""
+    view = read_nvml(nvml)
+    build = vllm_is_cpu_build() if cpu_build is None else cpu_build
+    platform = nvml_platform(view, build, is_jetson())
+    if view is not None and view.gpus > 0 and platform == "cuda":
+        check_driver(nvml, cuda_version)
+    return platform

@@ -10,13 +10,11 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from app.config import EngineConfig, SpeculationConfig
+from app.config import EngineConfig, Platform, SpeculationConfig
 
-Platform = Literal["cpu", "cuda"]
-
-PROPOSER_CLASS = "app.engine.candidate_proposer.CandidateProposer"
+PROPOSER_CLASS = "app.drafting.candidate_proposer.CandidateProposer"
 # The KV cache of a CPU engine whose config leaves `kv_cache_gib` unset.
 CPU_DEFAULT_KV_CACHE_GIB = 0.5
 # vLLM's default KV block size per platform (used when `block_size` is unset).
@@ -202,21 +200,3 @@ def omp_threads(environ: Mapping[str, str]) -> int | None:
     value = environ.get("OMP_NUM_THREADS", "").strip()
     return int(value) if value.isdigit() and int(value) > 0 else None
 
-
-def detect_platform(
-    nvml: Any | None = None, cpu_build: bool | None = None, cuda_version: str | None = None
-) -> Platform:
-    """Where this replica's engine runs, decided as vLLM decides it: CUDA when NVML counts a
-    GPU and vLLM is not a CPU build (app/engine/cuda_driver.py), not when torch sees one (a
-    driver too old for torch's CUDA hides the GPU from torch, not from vLLM). Whenever NVML sees
-    a GPU the driver is checked first: `DriverTooOld` names the driver the image needs.
-    Arguments: fakes for tests (NVML module, build, torch's CUDA version); None reads the real
-    ones."""
-    from app.engine import cuda_driver
-
-    view = cuda_driver.read_nvml(nvml)
-    build = cuda_driver.vllm_is_cpu_build() if cpu_build is None else cpu_build
-    platform = cuda_driver.nvml_platform(view, build, cuda_driver.is_jetson())
-    if view is not None and view.gpus > 0 and platform == "cuda":
-        cuda_driver.check_driver(nvml, cuda_version)
-    return platform

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from app.config import SpeculationConfig
-    from app.engine.auto_drafts import AutoDrafts
-    from app.engine.suffix_index import SuffixIndex
+    from app.drafting.auto_drafts import AutoDrafts
+    from app.drafting.suffix_index import SuffixIndex
     from app.engine.vllm_engine import GenerationResult, PrefillTally, StepDelta
     from app.speculation.draft_sources import DraftSource
 

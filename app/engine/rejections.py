@@ -11,8 +11,8 @@ exception that the router would take for the main replica being down.
 
 from __future__ import annotations
 
-from app.engine.turn import TurnError
 from app.engine.vllm_engine import RequestRejected
+from app.speculation.turn import TurnError
 
 # The sampling options the engine layer passes to vLLM, by the request field each comes from.
 SAMPLING_FIELDS = {"max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p",

@@ -24,20 +24,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.config import EngineConfig, SidecarLoraConfig, SpeculationConfig
-from app.engine.candidate_store import CandidateStore, RequestSpeculation
+from app.drafting.candidate_store import CandidateStore, RequestSpeculation
+from app.engine.cuda_driver import detect_platform
 from app.engine.embedded_model import resolve_model_path
 from app.engine.engine_args import (
     EngineLaunch,
     apply_env,
     custom_proposer_config,
-    detect_platform,
     engine_launch,
     intra_op_threads,
     with_lora,
 )
-from app.engine.logprobs import TokenLogprobs, from_engine
 from app.engine.lora_modules import adapter_runtime_modules, uncovered
 from app.engine.pass_ledger import record_pass
+from app.formats.logprobs import TokenLogprobs, from_engine
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class StepDelta:
     time: float
     # Set on the last delta: what the proposer drafted for this request.
     speculation: RequestSpeculation | None = None
-    # Per token, when the request asked for logprobs (app/engine/logprobs.py).
+    # Per token, when the request asked for logprobs (app/formats/logprobs.py).
     logprobs: list[TokenLogprobs] | None = None
     # Which of the engine's passes produced it (`VllmEngine.passes` after that pass): what a
     # `PassLedger` counts per prediction (app/engine/pass_ledger.py).
@@ -286,8 +286,8 @@ class VllmEngine:
 
             self.lora_request = LoRARequest("ooo-spec-adapter-1", 1, self.lora.path)
         if self.speculation is not None:
-            from app.engine.candidate_proposer import bind_proposer
-            from app.engine.draft_policy import DraftPolicy
+            from app.drafting.candidate_proposer import bind_proposer
+            from app.drafting.draft_policy import DraftPolicy
 
             settings = (
                 self.tokenizer,
@@ -298,8 +298,8 @@ class VllmEngine:
             )
             if self.cfg.tensor_parallel_size > 1:
                 # The ranks are worker processes: the output rank's proposer reads this store
-                # through a local socket (app/engine/candidate_channel.py).
-                from app.engine.candidate_channel import StoreServer, bind_remote_proposer
+                # through a local socket (app/drafting/candidate_channel.py).
+                from app.drafting.candidate_channel import StoreServer, bind_remote_proposer
 
                 self._store_server = StoreServer(self.store)
                 bound = self.engine.collective_rpc(
@@ -485,7 +485,7 @@ class VllmEngine:
         choice = options.pop("structured_choice", None)
         regex = options.pop("structured_regex", None)
         grammar = options.pop("structured_grammar", None)
-        if grammar is not None:  # EBNF (app/engine/json_grammar.py)
+        if grammar is not None:  # EBNF (app/formats/json_grammar.py)
             options["structured_outputs"] = StructuredOutputsParams(grammar=grammar)
         elif schema is not None:
             options["structured_outputs"] = StructuredOutputsParams(json=schema)

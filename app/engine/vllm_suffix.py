@@ -1,7 +1,7 @@
 """Whether vLLM's own suffix decoding (speculative method `suffix`) can start here.
 
 vLLM imports the suffix trees from the `arctic-inference` package, a C++ extension that PyPI
-ships as source only; scripts/setup.sh builds it. Kept apart from app/engine/baselines.py so
+ships as source only; scripts/setup.sh builds it. Kept apart from app/main_model/baselines.py so
 the config check and the bench can ask without importing an engine.
 """
 

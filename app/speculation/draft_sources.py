@@ -3,10 +3,10 @@
 Every draft the main model verifies comes from exactly one source:
 
 - `sidecar`: the sidecar's predicted call (validated, rendered in the main model's format);
-- `history`: a past committed call of the same tenant (app/engine/history.py);
+- `history`: a past committed call of the same tenant (app/drafting/history.py);
 - `schema`: the offered tools' keys and punctuation with placeholder values;
 - `suffix`: the tenant's own earlier outputs and the request's own tokens, matched on their
-  longest common suffix with the output so far (app/engine/suffix_index.py);
+  longest common suffix with the output so far (app/drafting/suffix_index.py);
 - `lookup`: prompt lookup, vLLM's `ngram` method on the request's own tokens.
 
 The proposer counts per source what it drafted, what the main model accepted, and how many of

@@ -241,12 +241,25 @@ def build_validator(schema: Any) -> Validator:
     return validator
 
 
+@functools.lru_cache(maxsize=16)
+def _meta_format_checker(meta_cls: Any) -> jsonschema.FormatChecker:
+    """The metaschema's own format checks, but `format: regex` (every `pattern` and
+    `patternProperties` key) compiled by RE2: jsonschema's default compiles it with Python's
+    `re`, whose compile time a client's pattern chooses (hundreds of long case-insensitive
+    patterns: minutes of CPU), with no way to stop it."""
+    checker = jsonschema.FormatChecker(formats=())
+    checker.checkers.update(meta_cls.FORMAT_CHECKER.checkers)
+    checker.checkers.pop("regex", None)
+    checker.checks("regex")(_is_regex)
+    return checker
+
+
 def _metaschema_error(schema: Any) -> jsonschema.exceptions.ValidationError | None:
     """The first way `schema` breaks its dialect's metaschema (what `cls.check_schema` raises),
     checked by a validator built with `LOCAL_ONLY_REGISTRY` like every other."""
     cls = validator_for(schema, default=jsonschema.Draft202012Validator)
     meta_cls = validator_for(cls.META_SCHEMA, default=cls)
-    validator = meta_cls(cls.META_SCHEMA, format_checker=meta_cls.FORMAT_CHECKER,
+    validator = meta_cls(cls.META_SCHEMA, format_checker=_meta_format_checker(meta_cls),
                          registry=LOCAL_ONLY_REGISTRY)
     return next(iter(validator.iter_errors(schema)), None)
 

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 
 from app.config import AppConfig, EngineConfig, SpeculationConfig
-from app.engine.candidate_proposer import bind_proposer
-from app.engine.draft_policy import DraftPolicy
-from app.engine.json_grammar import bounded_whitespace_grammar
-from app.engine.main_model import MainModelService
-from app.engine.tool_format import (
+from app.drafting.candidate_proposer import bind_proposer
+from app.drafting.draft_policy import DraftPolicy
+from app.engine.vllm_engine import VllmEngine
+from app.formats.json_grammar import bounded_whitespace_grammar
+from app.formats.tool_format import (
     ParsedCall,
     forced_output_schema,
     parse_forced,
@@ -28,10 +28,10 @@ from app.engine.tool_format import (
     render_forced_variants,
     render_free,
 )
-from app.engine.turn import TurnResult
-from app.engine.vllm_engine import VllmEngine
+from app.main_model.service import MainModelService
 from app.openai_models import CandidateReport, ChatCompletionRequest
 from app.speculation.prediction import PredictedCall, Prediction
+from app.speculation.turn import TurnResult
 
 pytestmark = pytest.mark.integration
 
@@ -327,7 +327,7 @@ async def test_drafting_off_in_a_full_batch_and_on_again_is_lossless(engine: Vll
 
 @pytest.mark.parametrize("text", PROMPTS[:4])
 async def test_bounded_whitespace_grammar_is_lossless(engine: VllmEngine, text: str) -> None:
-    """The served grammar (whitespace bounded, app/engine/json_grammar.py): a right, a wrong
+    """The served grammar (whitespace bounded, app/formats/json_grammar.py): a right, a wrong
     and no candidate leave the output token-identical to plain decoding under it."""
     prompt = _prompt(engine, text)
     sampling = {"max_tokens": 96, "temperature": 0.0,
@@ -466,7 +466,7 @@ CALL_REQUESTS = [
 
 
 async def test_auto_mode_is_token_identical(engine: VllmEngine) -> None:
-    """`tool_choice: auto`, the main replica's own path (the gate of app/engine/auto_drafts.py,
+    """`tool_choice: auto`, the main replica's own path (the gate of app/drafting/auto_drafts.py,
     schema drafts once a call opens): 12 questions, some that need a tool and some chit-chat,
     each decoded plainly and with three predictions (36 speculative requests) — the right call
     (or, for a text answer, a call the model does not make), a wrong argument, and the sidecar's

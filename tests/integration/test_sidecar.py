@@ -10,9 +10,9 @@ from collections.abc import Iterator
 import pytest
 
 from app.config import AppConfig, SidecarConfig
-from app.engine import slot_filling
-from app.engine.sidecar import SidecarService
 from app.openai_models import ChatCompletionRequest
+from app.sidecar import slot_filling
+from app.sidecar.service import SidecarService
 from app.speculation.validation import validate_arguments
 from tests.integration.test_lossless import PROMPTS, TOOLS
 

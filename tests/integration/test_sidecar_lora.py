@@ -24,11 +24,11 @@ from app.config import AppConfig, SidecarConfig, SidecarLoraConfig
 from app.distill.collect import collect, load_cases
 from app.distill.pairs import offline_sidecar, render_pairs
 from app.engine.embedded_model import resolve_model_path
-from app.engine.main_model import MainModelService
-from app.engine.sidecar import SidecarService
-from app.engine.tool_format import parse_forced
 from app.engine.vllm_engine import USE_ADAPTER, EngineError
+from app.formats.tool_format import parse_forced
+from app.main_model.service import MainModelService
 from app.openai_models import ChatCompletionRequest
+from app.sidecar.service import SidecarService
 from app.speculation.prediction import Prediction
 from app.speculation.validation import validate_arguments
 from tests.integration.test_lossless import PROMPTS, TOOLS

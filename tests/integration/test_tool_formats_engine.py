@@ -15,8 +15,8 @@ from collections.abc import Iterator
 import pytest
 
 from app.config import EngineConfig
-from app.engine.tool_formats import FORMATS, get_format
 from app.engine.vllm_engine import VllmEngine
+from app.formats.tool_formats import FORMATS, get_format
 from tests.integration.test_lossless import PROMPTS, TOOLS
 from tests.unit.test_tool_formats import own_calls, vllm_calls
 

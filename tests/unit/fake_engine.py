@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from app.config import SpeculationConfig
-from app.engine.auto_drafts import AutoDrafts
+from app.drafting.auto_drafts import AutoDrafts
+from app.drafting.suffix_index import SuffixIndex
 from app.engine.pass_ledger import record_pass
-from app.engine.suffix_index import SuffixIndex
 from app.engine.vllm_engine import GenerationResult, GenerationTally, PrefillTally, StepDelta
 from app.speculation.draft_sources import DraftSource
 

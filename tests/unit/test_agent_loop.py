@@ -16,10 +16,10 @@ from app.api.agent_loop import SidecarStart, combine_outcomes, sum_main
 from app.api.chat_service import ChatService
 from app.api.pre_execution import PreExecution, ToolPolicy, ToolRun, speculable_calls
 from app.api.prefix_index import ROUTE_KEY, ROUTING_LOG, AffinityDecision
-from app.engine.turn import TurnDelta, TurnEvent, TurnResult
 from app.openai_models import ChatCompletionRequest, MainReport
 from app.speculation.canonical import Invocation
 from app.speculation.prediction import Prediction
+from app.speculation.turn import TurnDelta, TurnEvent, TurnResult
 from app.tenancy import ANONYMOUS_TENANT
 from app.tools.call_context import ToolCallContext
 from app.tools.policy import may_pre_execute
@@ -651,3 +651,62 @@ async def test_a_lost_tool_call_says_what_happened_without_internals(
                          lambda: 0.0)
     assert run.result is not None and run.result.is_error
     assert run.result.content == f"tool 'lookup' {said}"
+
+
+class GreedyScript(Script):
+    """A main model that calls `lookup` every turn and writes all the tokens its turn may
+    (the payload's `max_tokens`, else `per_turn`), as the live run in issue 39 did."""
+
+    def __init__(self, per_turn: int, clock: ManualClock) -> None:
+        super().__init__([], clock=clock, decode_s=0.01)
+        self.per_turn = per_turn
+
+    async def main_events(
+        self, payload: dict[str, Any], token: Any
+    ) -> AsyncIterator[TurnEvent]:
+        self.payloads.append(payload)
+        allowed = min(payload.get("max_tokens", self.per_turn), self.per_turn)
+        calls = [lookup(f"k{len(self.payloads)}")] if payload.get("tool_choice") != "none" else []
+        yield dataclasses.replace(turn_result(calls, None if calls else "done"),
+                                  completion_tokens=allowed)
+
+
+@pytest.mark.parametrize(("budget", "per_turn", "turns"), [(48, 20, 3), (48, 48, 1), (40, 20, 2)])
+async def test_the_loops_turns_share_one_token_budget(budget: int, per_turn: int,
+                                                      turns: int) -> None:
+    """`execute_tools` keeps `tool_choice: required` for up to `max_steps` turns; each turn's
+    tokens count against the request's one budget (what the checks counted against
+    `limits.max_request_tokens`): the next turn gets what is left, and once nothing is left
+    the calls go back to the client unexecuted. Usage, summed over the turns, stays within."""
+    clock = ManualClock()
+    pool = FakePool(lookup_s=0.01, clock=clock)
+    script = GreedyScript(per_turn, clock)
+    req = request(execute_tools=True, max_steps=16)
+    result: dict[str, Any] | None = None
+    async for kind, event in ChatService("m", False, pool, clock=clock).events(
+            req, script.start_sidecar, script.main_events, token_budget=budget):
+        if kind == "final":
+            result = event
+    assert result is not None
+    assert result["usage"]["completion_tokens"] == budget
+    assert len(script.payloads) == turns
+    # Each later turn was asked for at most what the turns before it left.
+    spent = 0
+    for index, payload in enumerate(script.payloads):
+        if index:
+            assert payload["max_tokens"] == budget - spent
+        spent += min(payload.get("max_tokens", per_turn), per_turn)
+    # The budget ran out on a turn with a call: it goes back to the client, not run.
+    message = result["choices"][0]["message"]
+    assert message["tool_calls"][0]["function"]["name"] == "lookup"
+    assert len(pool.calls) == turns - 1
+
+
+async def test_without_a_budget_the_loop_runs_to_max_steps() -> None:
+    clock = ManualClock()
+    script = GreedyScript(20, clock)
+    out = await complete(ChatService("m", False, FakePool(lookup_s=0.01, clock=clock),
+                                     clock=clock),
+                         request(execute_tools=True, max_steps=2), script)
+    assert len(script.payloads) == 3  # two tool rounds, then the text answer
+    assert out["usage"]["completion_tokens"] == 60

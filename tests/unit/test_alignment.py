@@ -1,7 +1,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.engine.alignment import best_position, candidate_match, prompt_lookup
+from app.drafting.alignment import best_position, candidate_match, prompt_lookup
 
 CALL = '[{"name": "get_weather", "arguments": {"city": "Paris"}}]'
 

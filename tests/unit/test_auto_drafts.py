@@ -1,4 +1,4 @@
-"""`tool_choice: auto` drafting (app/engine/auto_drafts.py): when drafts are active, where a
+"""`tool_choice: auto` drafting (app/drafting/auto_drafts.py): when drafts are active, where a
 call opens in each format, how candidates are rendered, and the proposer driven by the gate."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from app.config import AppConfig
-from app.engine.auto_drafts import AutoDrafts, Phase, phase
-from app.engine.main_model import MainModelService, PreparedRequest
-from app.engine.reasoning import Reasoning
-from app.engine.tool_formats import ParsedCall, get_format
+from app.drafting.auto_drafts import AutoDrafts, Phase, phase
+from app.formats.reasoning import Reasoning
+from app.formats.tool_formats import ParsedCall, get_format
+from app.main_model.service import MainModelService, PreparedRequest
 from app.openai_models import ChatCompletionRequest
 from tests.unit.test_candidate_proposer import Batch, decode, encode
 

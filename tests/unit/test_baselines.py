@@ -18,8 +18,8 @@ from app.api.errors import ApiError
 from app.api.pre_execution import ToolPolicy
 from app.config import AppConfig, EngineConfig, load_config
 from app.config_check import check_application
-from app.engine import baselines
-from app.engine.baselines import baseline_service
+from app.main_model import baselines
+from app.main_model.baselines import baseline_service
 from app.openai_models import ChatCompletionRequest
 from tests.unit.test_agent_loop import (
     FakePool,

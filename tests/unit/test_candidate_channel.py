@@ -1,4 +1,4 @@
-"""The candidate store across processes (app/engine/candidate_channel.py), as a
+"""The candidate store across processes (app/drafting/candidate_channel.py), as a
 tensor-parallel engine uses it: the replica's store served on a socket, the proposer of the
 output rank in another process (spawned, as vLLM's `mp` executor spawns its workers) driven by
 a fake runner, the other rank's proposer unbound. Its drafts must be those an in-process
@@ -14,14 +14,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.engine.candidate_channel import (
+from app.drafting.candidate_channel import (
     RemoteStore,
     StoreServer,
     bind_remote_proposer,
     is_output_rank,
 )
-from app.engine.candidate_proposer import CandidateProposer
-from app.engine.candidate_store import CandidateStore
+from app.drafting.candidate_proposer import CandidateProposer
+from app.drafting.candidate_store import CandidateStore
 from tests.unit.test_candidate_proposer import CALL, PROMPT, encode, tokenizer
 
 K = 8

@@ -10,11 +10,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.engine.candidate_proposer import CandidateProposer
-from app.engine.candidate_store import CandidateStore
-from app.engine.draft_choice import agreed
-from app.engine.draft_policy import DraftPolicy
-from app.engine.suffix_index import TenantSuffixes
+from app.drafting.candidate_proposer import CandidateProposer
+from app.drafting.candidate_store import CandidateStore
+from app.drafting.draft_choice import agreed
+from app.drafting.draft_policy import DraftPolicy
+from app.drafting.suffix_index import TenantSuffixes
 from app.speculation.draft_sources import DRAFT_SOURCES
 
 PROMPT = 8

@@ -17,11 +17,11 @@ import pytest
 
 from app.api.errors import api_error
 from app.config import AppConfig
-from app.engine import chat_prompt
-from app.engine.main_model import MainModelService
-from app.engine.tool_formats import get_format
-from app.engine.turn import TurnError
+from app.formats import chat_prompt
+from app.formats.tool_formats import get_format
+from app.main_model.service import MainModelService
 from app.openai_models import ChatCompletionRequest
+from app.speculation.turn import TurnError
 
 TOOLS_TEMPLATE = """\
 {%- if tools %}<|im_start|>system

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from app.check_pool import CheckPool, PoolState
+from app.check_pool import Abandoned, CheckPool, PoolState, stop_if_abandoned
 from app.cpu_budget import OverBudget
 
 LONG = 30.0  # CPU and wait limits no test reaches unless it means to
@@ -213,3 +213,32 @@ async def test_closing_waits_for_running_work_and_starts_no_more() -> None:
     await closing
     assert await first == "running" and log == ["running"]
     never.cancel()
+
+
+async def test_refused_work_that_checks_in_stops_at_its_next_step_and_frees_its_share() -> None:
+    """Work that calls `stop_if_abandoned` between its steps (the router's request checks, between
+    schemas) ends once every request has left it, instead of running to its end: its thread and
+    its tenant's share are free again for the tenant's next work."""
+    pool = CheckPool(1, 1, "test")
+    stopped = threading.Event()
+    steps = 0
+
+    def steps_until_stopped() -> str:
+        nonlocal steps
+        try:
+            while True:  # each pass one step (one schema); never ends on its own
+                steps += 1
+                stop_if_abandoned()
+        except Abandoned:
+            stopped.set()
+            raise
+
+    with pytest.raises(OverBudget):
+        await pool.run("A", "slow", steps_until_stopped, 0.05, LONG)
+    assert await asyncio.to_thread(stopped.wait, LONG)
+    log: list[str] = []
+    after = Gate("after", log)
+    after.open.set()
+    assert await pool.run("A", "next", after, LONG, LONG) == "after"
+    assert await state_becomes(pool, lambda s: not s.running) == PoolState({}, {})
+    stop_if_abandoned()  # outside a pool's thread: nothing to stop

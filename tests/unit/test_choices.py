@@ -10,7 +10,7 @@ import pytest
 
 from app.api.chat_service import choice_requests, merge_completions, stream_sse
 from app.api.errors import ApiError
-from app.engine.logprobs import TokenLogprobs, chat_logprobs, completion_logprobs
+from app.formats.logprobs import TokenLogprobs, chat_logprobs, completion_logprobs
 from app.openai_models import ChatCompletionRequest
 
 

@@ -12,8 +12,8 @@ from app.api.completions import CompletionRequest, CompletionService
 from app.api.errors import ApiError
 from app.api.request_checks import COMPLETIONS, Bounds, check_body
 from app.config import LimitsConfig
-from app.engine.turn import TurnDelta, TurnError, TurnEvent, TurnResult
 from app.openai_models import MainReport
+from app.speculation.turn import TurnDelta, TurnError, TurnEvent, TurnResult
 from tests.unit.turns import turn_result
 
 

@@ -13,8 +13,8 @@ from app.api.agent_loop import SidecarStart
 from app.api.chat_service import ChatService
 from app.api.errors import ApiError
 from app.api.limits import with_deadline
-from app.engine.turn import SidecarStatus, TurnDelta, TurnResult
 from app.openai_models import ChatCompletionRequest, MainReport
+from app.speculation.turn import SidecarStatus, TurnDelta, TurnResult
 from tests.unit.turns import turn_result
 
 TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {

@@ -30,8 +30,8 @@ from app.distill.pairs import (
 )
 from app.distill.report import agreement
 from app.distill.train import TrainSettings, adapted_layers, batch_indices, collate
-from app.engine import slot_filling
 from app.openai_models import ChatCompletionRequest
+from app.sidecar import slot_filling
 
 ADD = {"type": "function", "function": {"name": "add", "description": "Add two numbers",
        "parameters": {"type": "object", "properties": {

@@ -1,8 +1,8 @@
-"""Which source drafts a row, and what its draft earned (app/engine/draft_choice.py)."""
+"""Which source drafts a row, and what its draft earned (app/drafting/draft_choice.py)."""
 
 from __future__ import annotations
 
-from app.engine.draft_choice import (
+from app.drafting.draft_choice import (
     PRIOR,
     PendingDraft,
     Proposal,

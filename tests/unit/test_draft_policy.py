@@ -1,5 +1,5 @@
 from app.config import LoadAwareConfig, SpeculationConfig
-from app.engine.draft_policy import DraftPolicy, RowAcceptance, platform_budgets
+from app.drafting.draft_policy import DraftPolicy, RowAcceptance, platform_budgets
 
 
 def test_small_batches_get_the_full_k_and_large_ones_share_the_step() -> None:

@@ -1,4 +1,4 @@
-"""The grammar compile check before the engine (app.engine.grammar_check), on a small
+"""The grammar compile check before the engine (app.formats.grammar_check), on a small
 vocabulary so it runs without a model."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import xgrammar as xgr
 
 from app.check_pool import CheckPool
-from app.engine.grammar_check import GrammarCheck, GrammarKind, GrammarTooSlow
+from app.formats.grammar_check import GrammarCheck, GrammarKind, GrammarTooSlow
 
 VOCAB = [chr(c) for c in range(32, 127)] + ['{"', '":', '",', "ab", "</s>"]
 SIMPLE = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
@@ -149,9 +149,9 @@ async def test_a_schema_that_does_not_compile_is_left_to_the_engine() -> None:
 
 
 async def test_the_served_bounded_whitespace_grammar_is_checked_too() -> None:
-    """Forced calls are served the EBNF of app.engine.json_grammar by default: its compile is
+    """Forced calls are served the EBNF of app.formats.json_grammar by default: its compile is
     timed as well, and a slow one refused."""
-    from app.engine.json_grammar import bounded_whitespace_grammar
+    from app.formats.json_grammar import bounded_whitespace_grammar
 
     check = checker(30)
     await check.check_ebnf(bounded_whitespace_grammar(SIMPLE, 32), TENANT)

@@ -1,4 +1,4 @@
-from app.engine.history import (
+from app.drafting.history import (
     InvocationHistory,
     request_text,
     similarity,

@@ -15,18 +15,24 @@ PRODUCT = ("app", "deployments")
 # Modules under app/ that every layer may import: they import none of the layers above.
 SHARED = ("app.config", "app.telemetry", "app.cpu_budget", "app.check_pool", "app.openai_models",
           "app.output_format", "app.tenancy", "app.home", "app.faults", "app.datasets")
+ABOVE_ALL = ("app.api", "app.tools", "app.distill", "deployments", "app.cli")
+# The engine rooms, lowest first: each may import the rooms before it, never one after it
+# (app/README.md): how models write, drafting, the engines and their platform, then the two
+# services built on an engine (neither imports the other).
+ROOMS = ("app.formats", "app.drafting", "app.engine", "app.sidecar", "app.main_model")
+SERVICES = ("app.sidecar", "app.main_model")
 # Layer -> prefixes it must never import.
 FORBIDDEN: dict[str, tuple[str, ...]] = {
-    "app.speculation": ("app.api", "app.engine", "app.tools", "app.distill", "deployments",
-                        "app.cli"),
-    "app.engine": ("app.api", "app.tools", "app.distill", "deployments", "app.cli"),
-    "app.tools": ("app.api", "app.engine", "app.distill", "deployments", "app.cli"),
+    "app.speculation": (*ABOVE_ALL, *ROOMS),
+    **{room: (*ABOVE_ALL, *ROOMS[i + 1:]) for i, room in enumerate(ROOMS) if room not in SERVICES},
+    **{service: (*ABOVE_ALL, *(s for s in SERVICES if s != service)) for service in SERVICES},
+    "app.tools": (*ABOVE_ALL[:1], *ABOVE_ALL[2:], *ROOMS),
     "app.api": ("deployments", "app.distill", "app.cli"),
-    **{shared: ("app.api", "app.engine", "app.tools", "app.distill", "deployments", "app.cli")
+    **{shared: (*ABOVE_ALL, *ROOMS)
        for shared in SHARED if shared not in ("app.telemetry", "app.faults")},
     # The metric catalogue and fault plans know the turn's types (for type checking only).
-    "app.telemetry": ("app.api", "app.tools", "app.distill", "deployments", "app.cli"),
-    "app.faults": ("app.api", "app.tools", "app.distill", "deployments", "app.cli"),
+    "app.telemetry": (*ABOVE_ALL, *ROOMS),
+    "app.faults": (*ABOVE_ALL, *ROOMS),
 }
 
 
@@ -77,7 +83,7 @@ def imports_in(source: str, package: str) -> set[str]:
                 anchor = anchor[: len(anchor) - (node.level - 1)]
                 base = ".".join([*anchor, base] if base else anchor)
             found.add(base)
-            # `from app.engine import sidecar` imports the submodule app.engine.sidecar.
+            # `from app.engine import sidecar` imports the submodule app.sidecar.service.
             found.update(f"{base}.{alias.name}" for alias in node.names)
     return found
 
@@ -113,26 +119,42 @@ def layer_violations(graph: dict[str, set[str]]) -> list[str]:
     return out
 
 
-def package_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Import circles among the modules of one package (each package's own graph)."""
-    cycles: list[list[str]] = []
+def module_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Import circles among all the modules of `graph`, across packages too: each strongly
+    connected component of more than one module (Tarjan's algorithm), sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for name in sorted(graph.get(node, ())):
+            if name not in graph or name == node:
+                continue
+            if name not in index:
+                visit(name)
+                low[node] = min(low[node], low[name])
+            elif name in on_stack:
+                low[node] = min(low[node], index[name])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
     for start in sorted(graph):
-        package = start.rsplit(".", 1)[0]
-        # Depth-first from `start` within its package; a path back to `start` is a circle.
-        stack: list[tuple[str, list[str]]] = [(start, [start])]
-        seen: set[str] = set()
-        while stack:
-            node, path = stack.pop()
-            for name in sorted(graph.get(node, ())):
-                if name not in graph or name.rsplit(".", 1)[0] != package:
-                    continue
-                if name == start:
-                    if min(path) == start:  # report each circle once
-                        cycles.append([*path, start])
-                elif name not in seen:
-                    seen.add(name)
-                    stack.append((name, [*path, name]))
-    return cycles
+        if start not in index:
+            visit(start)
+    return sorted(found)
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -153,10 +175,12 @@ def test_no_product_code_edits_sys_path() -> None:
     assert [str(p.relative_to(ROOT)) for p in product_files() if edits_sys_path(p)] == []
 
 
-def test_no_import_circle_inside_a_package() -> None:
+def test_no_import_circle_anywhere() -> None:
+    """No module reaches itself through its imports, within a package or across packages (a
+    package's `__init__` counts as a module, so importing a package counts too)."""
     graph = {module_name(p): imports_of(p)
              for top in (*PRODUCT, "load_tests") for p in (ROOT / top).rglob("*.py")}
-    assert package_cycles(graph) == []
+    assert module_cycles(graph) == []
 
 
 def test_the_product_never_imports_its_benchmark() -> None:
@@ -173,7 +197,7 @@ def test_the_checks_see_a_violation(tmp_path: Path) -> None:
     assert layer_violations(graph) == [
         "app.tools.x imports app.engine.embedded_model",
         "app.tools.x imports app.engine.embedded_model.model_home"]
-    typed = "if TYPE_CHECKING:\n    from app.engine.turn import TurnResult\n"
+    typed = "if TYPE_CHECKING:\n    from app.speculation.turn import TurnResult\n"
     assert layer_violations({"app.tools.x": imports_in(typed, "app.tools")}) == []
     for edit in ("import sys\nsys.path.insert(0, '.')\n", "import sys as s\ns.path.append('.')\n",
                  "from sys import path\npath.append('.')\n"):
@@ -201,5 +225,9 @@ def test_a_circle_is_found() -> None:
     graph = {"app.distill.train": {"app.distill.ray_job"},
              "app.distill.ray_job": {"app.distill.train"},
              "app.distill.pairs": set()}
-    assert package_cycles(graph) == [["app.distill.ray_job", "app.distill.train",
-                                      "app.distill.ray_job"]]
+    assert module_cycles(graph) == [["app.distill.ray_job", "app.distill.train"]]
+    across = {"app.engine.engine_args": {"app.engine.cuda_driver"},
+              "app.engine.cuda_driver": {"app.config"},
+              "app.config": {"app.engine.engine_args.Platform", "app.engine.engine_args"}}
+    assert module_cycles(across) == [["app.config", "app.engine.cuda_driver",
+                                      "app.engine.engine_args"]]

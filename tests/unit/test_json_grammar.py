@@ -6,8 +6,8 @@ import json
 import pytest
 import xgrammar as xgr
 
-from app.engine.json_grammar import GrammarError, bounded_whitespace_grammar
-from app.engine.tool_format import ParsedCall, forced_output_schema, render_forced_variants
+from app.formats.json_grammar import GrammarError, bounded_whitespace_grammar
+from app.formats.tool_format import ParsedCall, forced_output_schema, render_forced_variants
 
 accepts = xgr.testing._is_grammar_accept_string
 

@@ -1,6 +1,6 @@
-"""Pure parts of app/engine/main_model.py."""
+"""Pure parts of app/main_model/service.py."""
 
-from app.engine.main_model import completion_budget
+from app.main_model.service import completion_budget
 
 
 def test_no_max_tokens_is_the_rest_of_the_context() -> None:

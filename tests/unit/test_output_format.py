@@ -10,7 +10,7 @@ import pytest
 from app.api.errors import ApiError
 from app.api.request_checks import parse_request
 from app.config import LimitsConfig
-from app.engine.tool_format import placeholder_object, render_json_variants
+from app.formats.tool_format import placeholder_object, render_json_variants
 
 CITY = {"type": "object", "properties": {"name": {"type": "string"},
                                          "population": {"type": "integer"}},

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.engine.cuda_driver import DriverTooOld, NvmlView, nvml_platform, read_nvml
-from app.engine.engine_args import detect_platform
+from app.engine.cuda_driver import DriverTooOld, NvmlView, detect_platform, nvml_platform, read_nvml
 
 
 class FakeNvml:

@@ -13,7 +13,7 @@ import yaml
 
 from app.config import AppConfig
 from app.config_check import check_text
-from app.engine.reasoning import Reasoning
+from app.formats.reasoning import Reasoning
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU_CONFIGS = [ROOT / "configs" / "cluster-gpu-h100-l4.yaml",

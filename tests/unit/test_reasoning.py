@@ -15,16 +15,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.config import AppConfig
-from app.engine.auto_drafts import AutoDrafts
-from app.engine.main_model import MainModelService
-from app.engine.reasoning import Reasoning
-from app.engine.suffix_index import SuffixIndex
-from app.engine.turn import TurnResult
+from app.drafting.auto_drafts import AutoDrafts
+from app.drafting.suffix_index import SuffixIndex
 from app.engine.vllm_engine import StepDelta
+from app.formats.reasoning import Reasoning
+from app.main_model.service import MainModelService
 from app.openai_models import ChatCompletionRequest
 from app.speculation.canonical import Invocation
 from app.speculation.draft_sources import DraftSource
 from app.speculation.prediction import PredictedCall, Prediction
+from app.speculation.turn import TurnResult
 
 
 @cache
@@ -82,7 +82,7 @@ def test_ended_at_marks_where_the_content_starts() -> None:
 
 # ----- drafts wait for the reasoning to end ----------------------------------------------
 class _Store:
-    """Auto mode hands the store a gate (app/engine/auto_drafts.py) that picks the candidates
+    """Auto mode hands the store a gate (app/drafting/auto_drafts.py) that picks the candidates
     from the text written so far; the tests ask it what it drafts at each point."""
 
     def __init__(self) -> None:
@@ -142,7 +142,7 @@ async def _run(parser: str | None, deltas: list[str],
     request = ChatCompletionRequest.model_validate({
         "messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [WEATHER],
         "chat_template_kwargs": kwargs, "ooo_spec": {"history": False}})
-    from app.engine.main_model import PreparedRequest
+    from app.main_model.service import PreparedRequest
 
     prepared = PreparedRequest(request, [1], {"max_tokens": 64}, "auto",
                                request.tool_dicts(), True)

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import app.engine.request_alignment as ra
-from app.engine.request_alignment import TokenizedCandidate, TokenizedCandidates, TrackedRequest
+import app.drafting.request_alignment as ra
+from app.drafting.request_alignment import TokenizedCandidate, TokenizedCandidates, TrackedRequest
 
 VOCAB = ['{"', "city", '":', ' "', "Paris", '"}', "ci", "ty", "Pa", "ris", "Ro", "me"]
 

@@ -5,19 +5,23 @@ own status."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
+from app.api import request_checks
 from app.api.auth import ApiKeys
 from app.api.chat_service import ChatService
 from app.api.completions import CompletionService
 from app.api.errors import ApiError
 from app.api.request_flow import Incoming, JsonReply, RequestFlow, StreamReply
+from app.check_pool import CheckPool, PoolState, stop_if_abandoned
 from app.config import AppConfig
-from app.engine.turn import TurnDelta, TurnEvent
+from app.speculation.turn import TurnDelta, TurnEvent
 from app.tenancy import TENANT_KEY
 from tests.unit.turns import turn_result
 
@@ -131,3 +135,148 @@ async def test_an_error_before_the_first_event_is_raised_not_streamed() -> None:
             "/v1/chat/completions", {"messages": MESSAGES, "stream": True}))
     assert caught.value.status == 503
     assert router.limiter.in_flight("anonymous") == 0
+
+
+# ----- issue 39: bodies that never arrive, the router's checks in a fair pool ------------------
+
+def keyed_flow(main: Main, config: dict[str, Any], pool: CheckPool | None = None) -> RequestFlow:
+    app_config = AppConfig.model_validate(config)
+    keys = ApiKeys.from_config(app_config.auth, {})
+    return RequestFlow(app_config, keys, ChatService("m", False), CompletionService("m"),
+                       no_sidecar, main, sidecar_deployed=False, check_pool=pool)
+
+
+def as_key(key: str, path: str, data: dict[str, Any]) -> Incoming:
+    raw = json.dumps(data).encode()
+
+    async def body() -> AsyncIterator[bytes]:
+        yield raw
+
+    return Incoming(path, {"authorization": f"Bearer {key}"}, body())
+
+
+async def test_a_body_that_stalls_is_a_408_and_releases_its_slot() -> None:
+    """The slot is taken before the body is read; a body that stops arriving must not hold it
+    until the request deadline. `router.body_timeout_s` is tiny here; the verdict is the 408
+    and the free slot, not a time."""
+    main = Main()
+    router = flow(main)
+    router.config.router.body_timeout_s = 0.05
+    never = asyncio.Event()
+
+    async def stalled() -> AsyncIterator[bytes]:
+        yield b'{"messages": ['  # half of it, then nothing more
+        await never.wait()
+
+    with pytest.raises(ApiError) as caught:
+        await router.chat_completions(Incoming("/v1/chat/completions", {}, stalled()))
+    assert (caught.value.status, caught.value.code) == (408, "body_timeout")
+    assert router.limiter.in_flight("anonymous") == 0 and main.payloads == []
+    assert isinstance(await router.chat_completions(incoming(
+        "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 4})), JsonReply)
+
+
+SLOW = "slow-to-check"
+
+
+async def test_one_tenants_flood_of_slow_schemas_leaves_anothers_check_answered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 39's fairness on the router's checks, with the real CheckPool: key A floods slow
+    `response_format` schemas (a stand-in for a slow pattern compile, that spends CPU and checks
+    in between its steps like the real checks), key B sends a fresh schema. B is answered
+    while the flood is still being refused; every flood request is refused with the bound's
+    error (`request_too_complex`: `limits.schema_check_timeout_s` of CPU time) and none is
+    left hanging."""
+    real = request_checks.check_output_schema
+    lock, running, most = threading.Lock(), [0], [0]
+    stopped = threading.Semaphore(0)
+    test_over = threading.Event()  # ends the stand-in if the product never stops it
+
+    def check_output_schema(schema: dict[str, Any], limits: Any) -> None:
+        if SLOW in json.dumps(schema):
+            with lock:
+                running[0] += 1
+                most[0] = max(most[0], running[0])
+            try:
+                while not test_over.is_set():  # one compile step after another until refused
+                    stop_if_abandoned()
+            finally:
+                with lock:
+                    running[0] -= 1
+                stopped.release()
+        real(schema, limits)
+
+    monkeypatch.setattr(request_checks, "check_output_schema", check_output_schema)
+    main = Main()
+    router = keyed_flow(main, {
+        "auth": {"api_keys": [{"key": "flooding-key", "name": "a"},
+                              {"key": "innocent-key", "name": "b"}]},
+        "limits": {"schema_check_timeout_s": 0.1, "check_threads": 2,
+                   "check_threads_per_tenant": 1},
+    })
+
+    def slow_request(index: int) -> dict[str, Any]:
+        schema = {"type": "object", "properties": {
+            "x": {"type": "string", "pattern": f"^{SLOW}-{index}$"}}}
+        return {"messages": MESSAGES, "max_tokens": 4, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "s", "schema": schema}}}
+
+    flood = [asyncio.ensure_future(router.chat_completions(
+        as_key("flooding-key", "/v1/chat/completions", slow_request(i)))) for i in range(6)]
+    fresh = {"type": "object", "properties": {"city": {"type": "string"}}}
+    reply = await router.chat_completions(as_key("innocent-key", "/v1/chat/completions", {
+        "messages": MESSAGES, "max_tokens": 4, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "fresh", "schema": fresh}}}))
+    assert isinstance(reply, JsonReply)
+    assert not all(task.done() for task in flood)  # answered before the flood's last refusal
+    outcomes = await asyncio.gather(*flood, return_exceptions=True)
+    assert all(isinstance(o, ApiError) and o.code == "request_too_complex" for o in outcomes)
+    # Refused work stopped (at its next step), and the flood never held more than its share.
+    try:
+        assert all([await asyncio.to_thread(stopped.acquire, True, 30) for _ in flood])
+    finally:
+        test_over.set()
+    assert most[0] == 1
+    assert router.limiter.in_flight("a") == 0 and router.limiter.in_flight("b") == 0
+    assert len(main.payloads) == 1  # only B's request reached the model
+
+
+async def test_keys_that_share_a_tenant_share_one_share_of_the_check_pool(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Fairness per tenant, not per key: a client with two keys of one tenant holds one
+    check thread (`check_threads_per_tenant`), not two."""
+    release = threading.Event()
+    real = request_checks.check_output_schema
+
+    def held(schema: dict[str, Any], limits: Any) -> None:
+        if SLOW in json.dumps(schema):
+            assert release.wait(30)
+        real(schema, limits)
+
+    monkeypatch.setattr(request_checks, "check_output_schema", held)
+    pool = CheckPool(2, 1, "test-router-checks")
+    router = keyed_flow(Main(), {"auth": {"api_keys": [
+        {"key": "first-key-of-acme", "tenant": "acme"},
+        {"key": "second-key-of-acme", "tenant": "acme"}]}}, pool)
+    tenant = router.authorize({"authorization": "Bearer first-key-of-acme"}).tenant
+    assert router.authorize({"authorization": "Bearer second-key-of-acme"}).tenant == tenant
+    body = {"messages": MESSAGES, "max_tokens": 4, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "s", "schema": {
+            "type": "object", "properties": {"x": {"type": "string", "pattern": SLOW}}}}}}
+    first = asyncio.ensure_future(router.chat_completions(
+        as_key("first-key-of-acme", "/v1/chat/completions", body)))
+    second = asyncio.ensure_future(router.chat_completions(
+        as_key("second-key-of-acme", "/v1/chat/completions", {**body, "max_tokens": 3})))
+    state = await wait_for_pool(pool, lambda s: s.queued.get(tenant) == 1)
+    assert state.running == {tenant: 1}  # one thread for the tenant, the other key queued
+    release.set()
+    assert all(isinstance(r, JsonReply) for r in await asyncio.gather(first, second))
+
+
+async def wait_for_pool(pool: CheckPool, wanted: Any) -> PoolState:
+    pause = threading.Event()
+    while not wanted(pool.state()):
+        await asyncio.to_thread(pause.wait, 0.01)  # let the pool's threads move, look again
+    return pool.state()

@@ -9,9 +9,9 @@ from typing import Any
 
 from app.check_pool import CheckPool
 from app.config import AppConfig
-from app.engine.logprobs import TokenLogprobs
-from app.engine.main_model import MainModelService, PreparedRequest
 from app.engine.vllm_engine import GenerationTally, PrefillTally, StepDelta
+from app.formats.logprobs import TokenLogprobs
+from app.main_model.service import MainModelService, PreparedRequest
 from app.openai_models import ChatCompletionRequest
 from tests.unit.fake_engine import FakeEngine
 

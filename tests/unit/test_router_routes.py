@@ -13,7 +13,7 @@ from unittest import mock
 import pytest
 from fastapi.testclient import TestClient
 
-from app.engine.turn import TurnDelta, TurnEvent
+from app.speculation.turn import TurnDelta, TurnEvent
 from deployments.router import Router, api
 from tests.unit.turns import turn_result
 

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from app.config import AppConfig
-from app.engine.main_model import MainModelService
-from app.engine.sidecar import SidecarService
-from app.engine.turn import TurnDelta, TurnError, TurnResult
+from app.main_model.service import MainModelService
 from app.openai_models import ChatCompletionRequest
+from app.sidecar.service import SidecarService
 from app.speculation.canonical import Invocation
 from app.speculation.prediction import PredictedCall, Prediction
+from app.speculation.turn import TurnDelta, TurnError, TurnResult
 from tests.unit.fake_engine import FakeEngine
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -201,7 +201,7 @@ async def predict_between_two_tools(
 ) -> tuple[SidecarService, AdapterRecordingEngine, ChatCompletionRequest, str]:
     """A prediction of the sidecar of `sidecar_config` on a request offering get_weather and
     get_time, the recording engine choosing get_weather; and the names' grammar."""
-    from app.engine.slot_filling import names_regex
+    from app.sidecar.slot_filling import names_regex
 
     other = {"type": "function", "function": {"name": "get_time", "parameters": {
         "type": "object", "properties": {"zone": {"type": "string"}}}}}
@@ -226,7 +226,7 @@ async def test_the_tool_choice_uses_the_adapter_only_when_configured(
     # The choice under the main model's own prompt (whole, or its tools' names only) or
     # under the slots' one; with its own prompt, the slots' prompt is prefilled beside it,
     # with the adapter the slots use.
-    from app.engine.slot_filling import names_only
+    from app.sidecar.slot_filling import names_only
 
     slot_prompt = service.slot_prompt(request)
     tools = request.tool_dicts()

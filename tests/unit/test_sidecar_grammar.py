@@ -1,5 +1,5 @@
 """The sidecar checks its engine requests' grammars as the main replica does
-(app.engine.sidecar, app.engine.grammar_check): a grammar too slow to compile never reaches its
+(app.sidecar.service, app.formats.grammar_check): a grammar too slow to compile never reaches its
 engine, and the prediction degrades (a slot left out, or no prediction), never a wrong one."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import xgrammar as xgr
 
 from app.check_pool import CheckPool
 from app.config import AppConfig
-from app.engine.grammar_check import GrammarCheck
-from app.engine.sidecar import SidecarService
 from app.engine.vllm_engine import use_cache_salt
+from app.formats.grammar_check import GrammarCheck
 from app.openai_models import ChatCompletionRequest
+from app.sidecar.service import SidecarService
 from tests.unit.fake_engine import FakeEngine
 
 VOCAB = [chr(c) for c in range(32, 127)] + ['{"', '":', '",', "ab", "</s>"]
@@ -80,7 +80,7 @@ async def test_a_slow_slot_is_left_out_and_the_quick_one_is_filled() -> None:
                if not fast]
     assert len(refused) == 1 and "[a-z]" in refused[0]
     # Only the quick slot reached the engine under a grammar; the slow one drafts a placeholder
-    # (app.engine.slot_filling.draft_calls), which the main model's verification overwrites.
+    # (app.sidecar.slot_filling.draft_calls), which the main model's verification overwrites.
     assert grammars(service.engine) == ["structured_json"] or grammars(service.engine) == [
         "structured_regex"]
     assert prediction.error is None and prediction.candidates

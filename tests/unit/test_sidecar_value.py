@@ -10,9 +10,9 @@ from app.api.agent_loop import SidecarStart
 from app.api.chat_service import ChatService
 from app.api.sidecar_value import SidecarValue, value_key
 from app.config import SidecarValueConfig
-from app.engine.turn import TurnDelta
 from app.openai_models import ChatCompletionRequest, MainReport, OooSpecReport
 from app.speculation.draft_sources import SourceTallies, SourceTally
+from app.speculation.turn import TurnDelta
 from app.telemetry import SIDECAR_DECISIONS, SOURCE_ACCEPTED, request_measurements
 from tests.unit.turns import turn_result
 

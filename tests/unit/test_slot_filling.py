@@ -1,4 +1,4 @@
-from app.engine import slot_filling as sf
+from app.sidecar import slot_filling as sf
 
 PARAMS = {
     "type": "object",

@@ -1,5 +1,5 @@
-"""Tool calls read as the output streams (app/engine/tool_formats/incremental.py,
-app/engine/output_stream.py): outputs fed in pieces cut anywhere (inside markers, keys,
+"""Tool calls read as the output streams (app/formats/tool_formats/incremental.py,
+app/formats/output_stream.py): outputs fed in pieces cut anywhere (inside markers, keys,
 escapes, numbers) give deltas that join to the finished parse, name first, and never send
 text the finished parse does not have."""
 
@@ -13,11 +13,11 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from app.engine.output_stream import OutputStream
-from app.engine.reasoning import Reasoning
-from app.engine.tool_format import parse_forced, render_forced_variants
-from app.engine.tool_formats import FORMATS, ParsedCall, get_format
-from app.engine.tool_formats.incremental import CallList, CallStream, JsonValue
+from app.formats.output_stream import OutputStream
+from app.formats.reasoning import Reasoning
+from app.formats.tool_format import parse_forced, render_forced_variants
+from app.formats.tool_formats import FORMATS, ParsedCall, get_format
+from app.formats.tool_formats.incremental import CallList, CallStream, JsonValue
 from tests.unit.test_tool_formats import (
     SPECIAL_TOKEN,
     _special_tokenizer,

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from app.api.streaming import stream_sse
-from app.engine.reasoning import Reasoning
-from app.engine.tool_format import new_call_id, parse_forced
-from app.engine.tool_formats import get_format
+from app.formats.reasoning import Reasoning
+from app.formats.tool_format import new_call_id, parse_forced
+from app.formats.tool_formats import get_format
 from app.openai_models import ChatCompletionRequest
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {

@@ -3,7 +3,7 @@ tenant's) and the request's own tokens."""
 
 from __future__ import annotations
 
-from app.engine.suffix_index import SuffixIndex, TenantSuffixes, own_match, suffix_draft
+from app.drafting.suffix_index import SuffixIndex, TenantSuffixes, own_match, suffix_draft
 
 
 def test_the_longest_earlier_match_is_continued() -> None:

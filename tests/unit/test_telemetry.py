@@ -20,9 +20,9 @@ from app import telemetry
 from app.api.chat_service import ChatService
 from app.api.errors import ApiError
 from app.config import TelemetryConfig, load_config
-from app.engine.turn import TurnError
 from app.openai_models import OooSpecReport
 from app.speculation.prediction import Prediction
+from app.speculation.turn import TurnError
 from app.telemetry import (
     PRE_EXECUTIONS,
     REQUESTS,

@@ -1,6 +1,6 @@
 import json
 
-from app.engine.tool_format import (
+from app.formats.tool_format import (
     ParsedCall,
     forced_output_schema,
     parse_forced,

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from app.config import EngineConfig
-from app.engine.tool_formats import FORMATS, ParsedCall, get_format
+from app.formats.tool_formats import FORMATS, ParsedCall, get_format
 
 SPECIAL_TOKEN = {"llama3_json": "<|python_tag|>", "mistral": "[TOOL_CALLS]"}
 
@@ -215,7 +215,7 @@ def test_unknown_format_is_a_clear_error() -> None:
 
 
 def test_hermes_prompt_is_todays_byte_for_byte() -> None:
-    from app.engine import tool_format
+    from app.formats import tool_format
 
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     assert get_format("hermes").system_prompt(tools) == tool_format.TOOL_PROMPT.format(

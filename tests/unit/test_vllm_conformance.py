@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from app.config import EngineConfig, SpeculationConfig
-from app.engine.candidate_proposer import CandidateProposer, bind_proposer
+from app.drafting.candidate_proposer import CandidateProposer, bind_proposer
 from app.engine.engine_args import (
     MODEL_RUNNER_ENV,
     PROPOSER_CLASS,

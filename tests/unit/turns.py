@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.engine.turn import SidecarDelivery, SidecarStatus, TurnResult
 from app.openai_models import CandidateReport, MainReport
 from app.speculation.canonical import Invocation
+from app.speculation.turn import SidecarDelivery, SidecarStatus, TurnResult
 
 
 def turn_result(

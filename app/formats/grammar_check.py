@@ -90,7 +90,7 @@ class GrammarCheck:
 
     async def check_ebnf(self, grammar: str, tenant: str) -> None:
         """The same for a grammar given as EBNF (the bounded-whitespace JSON grammar of
-        app/engine/json_grammar.py, which forced calls use by default)."""
+        app/formats/json_grammar.py, which forced calls use by default)."""
         await self.check_text("ebnf", grammar, tenant)
 
     async def check_sampling(self, sampling: dict[str, Any], tenant: str) -> None:

@@ -7,7 +7,7 @@ Two ways a call is written, and both are what candidates are rendered into:
   output to JSON — a list of calls for `required`, one call for a named tool.
 
 The grammar fixes keys (in schema order) and punctuation but leaves whitespace to the model
-(bounded: at most one newline plus indentation between two tokens, app/engine/json_grammar.py),
+(bounded: at most one newline plus indentation between two tokens, app/formats/json_grammar.py),
 and the model's whitespace varies between requests (one line, indent 2, indent 4). Forcing compact
 JSON is no cure: the model then writes non-canonical token splits that no rendering predicts. So
 a candidate is rendered in each style the model is seen to use (`STYLES`), and the proposer
@@ -20,18 +20,18 @@ import json
 import uuid
 from typing import Any
 
-from app.engine.tool_formats import get_format
-from app.engine.tool_formats.base import (
+from app.formats.tool_formats import get_format
+from app.formats.tool_formats.base import (
     ParsedCall,
     ParsedOutput,
     arguments_obj,
     message_text,
     with_system_text,
 )
-from app.engine.tool_formats.hermes import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, TOOL_PROMPT
+from app.formats.tool_formats.hermes import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, TOOL_PROMPT
 
 # The free-decoding side of the hermes format, under the names the rest of the code uses;
-# other formats: app/engine/tool_formats/.
+# other formats: app/formats/tool_formats/.
 _HERMES = get_format("hermes")
 
 __all__ = [

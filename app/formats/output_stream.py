@@ -5,7 +5,7 @@ until a call starts, then `tool_calls` deltas).
 Nothing is sent that the finished output's parse would contradict, as far as the text so far
 can tell: a suffix that may be the start of a marker (`<tool_call>`, `</think>`) is held back
 until the next piece shows what it is, and so is trailing whitespace before a call (the
-finished hermes parse strips it). The finished parse (app/engine/main_model.py) stays the
+finished hermes parse strips it). The finished parse (app/main_model/service.py) stays the
 truth; app/api/streaming.py sends, at the end, whatever this did not.
 """
 
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from app.engine.reasoning import THINK_END, THINK_START, Reasoning
-from app.engine.tool_formats import ToolFormat
-from app.engine.tool_formats.incremental import CallDelta, CallList, CallStream
+from app.formats.reasoning import THINK_END, THINK_START, Reasoning
+from app.formats.tool_formats import ToolFormat
+from app.formats.tool_formats.incremental import CallDelta, CallList, CallStream
 
 _QWEN3_TOOL_START = "<tool_call>"
 

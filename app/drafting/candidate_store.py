@@ -11,8 +11,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from app.engine.auto_drafts import AutoDrafts
-from app.engine.suffix_index import SuffixIndex
+from app.drafting.auto_drafts import AutoDrafts
+from app.drafting.suffix_index import SuffixIndex
 from app.speculation.draft_sources import DraftSource, SourceTallies, SourceTally
 
 
@@ -29,12 +29,12 @@ class RequestSpeculation:
     drafted_after_pause: int = 0
     # Off only to measure what re-alignment after a divergence is worth (benchmarks).
     realign: bool = True
-    # `tool_choice: auto`: the candidates follow the output (app/engine/auto_drafts.py)
+    # `tool_choice: auto`: the candidates follow the output (app/drafting/auto_drafts.py)
     # instead of `candidates`.
     gate: AutoDrafts | None = None
     # Which source each candidate text came from (drafts are counted per source).
     candidate_sources: dict[str, DraftSource] = field(default_factory=dict)
-    # The tenant's earlier outputs (app/engine/suffix_index.py); None: no suffix drafts.
+    # The tenant's earlier outputs (app/drafting/suffix_index.py); None: no suffix drafts.
     suffix: SuffixIndex | None = None
     sources: SourceTallies = field(default_factory=SourceTallies)
 

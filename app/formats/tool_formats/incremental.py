@@ -13,7 +13,7 @@ Worked example, the model writing `{"name": "f", "arguments": {"city":"Paris",\\
     '}}'                     ->  CallDelta(0, arguments='1}')
 
 Pythonic calls are Python, not JSON: a call's name goes out when its `(` is written and its
-arguments (as JSON) when its `)` closes it (app/engine/tool_formats/pythonic.py).
+arguments (as JSON) when its `)` closes it (app/formats/tool_formats/pythonic.py).
 
 A stream is fed the output from the call's start marker on (`ToolFormat.call_start`); what
 it reads is the best it can say before the end. The finished output's parse

@@ -1,7 +1,7 @@
 """vLLM custom proposer that turns each request's candidates into draft tokens.
 
 Configured as `speculative_config={"method": "custom_class",
-"model": "app.engine.candidate_proposer.CandidateProposer", ...}`. vLLM builds it inside the
+"model": "app.drafting.candidate_proposer.CandidateProposer", ...}`. vLLM builds it inside the
 model runner with only the `VllmConfig`; `bind_proposer` (run through `collective_rpc` on the
 in-process worker) then hands it the `CandidateStore` and the runner, so it can tell which batch
 row is which request. This only works because the engine core runs in the serving process
@@ -21,16 +21,16 @@ from typing import Any
 
 import numpy as np
 
-from app.engine.alignment import prompt_lookup
-from app.engine.candidate_store import CandidateStore, RequestSpeculation
-from app.engine.draft_choice import PendingDraft, Proposal, choose, could_win
-from app.engine.draft_policy import DraftPolicy
-from app.engine.request_alignment import (
+from app.drafting.alignment import prompt_lookup
+from app.drafting.candidate_store import CandidateStore, RequestSpeculation
+from app.drafting.draft_choice import PendingDraft, Proposal, choose, could_win
+from app.drafting.draft_policy import DraftPolicy
+from app.drafting.request_alignment import (
     TokenizedCandidate,
     TokenizedCandidates,
     TrackedRequest,
 )
-from app.engine.suffix_index import suffix_draft
+from app.drafting.suffix_index import suffix_draft
 
 
 class CandidateProposer:
@@ -136,7 +136,7 @@ class CandidateProposer:
         tokens: np.ndarray,
         budget: int,
     ) -> list[Proposal]:
-        """Every source's continuation for the row this step (app/engine/draft_choice.py
+        """Every source's continuation for the row this step (app/drafting/draft_choice.py
         picks one)."""
         proposals: list[Proposal] = []
         # Auto mode: the gate picks the candidates that fit the output so far (none in a

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from app.engine.tool_formats.base import ParsedCall, ParsedOutput, ToolFormat, arguments_obj
-from app.engine.tool_formats.incremental import CallStream, LooseObjects
+from app.formats.tool_formats.base import ParsedCall, ParsedOutput, ToolFormat, arguments_obj
+from app.formats.tool_formats.incremental import CallStream, LooseObjects
 
 PYTHON_TAG = "<|python_tag|>"
 

@@ -27,7 +27,7 @@ from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
 
-from app.engine.candidate_store import CandidateStore, RequestSpeculation
+from app.drafting.candidate_store import CandidateStore, RequestSpeculation
 from app.speculation.draft_sources import DraftSource, SourceTally
 
 # (enabled, candidates, candidate_sources, realign)
@@ -148,7 +148,7 @@ def bind_remote_proposer(
     """Run on every worker via `collective_rpc`: the output rank's proposer reads the replica's
     store through the socket; the others stay unbound (their drafts are never used). True when
     the worker did what its rank needs."""
-    from app.engine.candidate_proposer import CandidateProposer
+    from app.drafting.candidate_proposer import CandidateProposer
 
     runner = worker.model_runner
     drafter = getattr(runner, "drafter", None)

@@ -21,16 +21,17 @@ from opentelemetry.context import Context
 from app import telemetry
 from app.check_pool import CheckPool
 from app.config import AppConfig
-from app.engine import chat_prompt
-from app.engine.auto_drafts import AutoDrafts
-from app.engine.grammar_check import GrammarCheck, GrammarTooSlow, check_pool, tokenizer_info
-from app.engine.history import InvocationHistory, request_text
-from app.engine.json_grammar import GrammarError, bounded_whitespace_grammar
-from app.engine.logprobs import TokenLogprobs, chat_logprobs, completion_logprobs
+from app.drafting.auto_drafts import AutoDrafts
+from app.drafting.history import InvocationHistory, request_text
+from app.drafting.suffix_index import SuffixIndex, TenantSuffixes
 from app.engine.protocol import DraftStore, Engine
-from app.engine.reasoning import Reasoning
-from app.engine.suffix_index import SuffixIndex, TenantSuffixes
-from app.engine.tool_format import (
+from app.engine.vllm_engine import GenerationTally, VllmEngine
+from app.formats import chat_prompt
+from app.formats.grammar_check import GrammarCheck, GrammarTooSlow, check_pool, tokenizer_info
+from app.formats.json_grammar import GrammarError, bounded_whitespace_grammar
+from app.formats.logprobs import TokenLogprobs, chat_logprobs, completion_logprobs
+from app.formats.reasoning import Reasoning
+from app.formats.tool_format import (
     ParsedCall,
     ParsedOutput,
     forced_output_schema,
@@ -40,8 +41,12 @@ from app.engine.tool_format import (
     render_forced_variants,
     render_json_variants,
 )
-from app.engine.tool_formats import get_format
-from app.engine.turn import (
+from app.formats.tool_formats import get_format
+from app.openai_models import CandidateReport, ChatCompletionRequest, MainReport
+from app.speculation.canonical import Invocation
+from app.speculation.draft_sources import DraftSource, SourceTallies
+from app.speculation.prediction import Prediction
+from app.speculation.turn import (
     SidecarDelivery,
     SidecarStatus,
     TurnDelta,
@@ -49,11 +54,6 @@ from app.engine.turn import (
     TurnEvent,
     TurnResult,
 )
-from app.engine.vllm_engine import GenerationTally, VllmEngine
-from app.openai_models import CandidateReport, ChatCompletionRequest, MainReport
-from app.speculation.canonical import Invocation
-from app.speculation.draft_sources import DraftSource, SourceTallies
-from app.speculation.prediction import Prediction
 from app.speculation.validation import validate_arguments
 from app.tenancy import ANONYMOUS_TENANT
 
@@ -200,7 +200,7 @@ def _runs(items: list[SourcedText]) -> list[tuple[DraftSource, list[str]]]:
 class MainModelService:
     def __init__(self, config: AppConfig, engine: Engine | None = None) -> None:
         """`engine`: another engine than the main one with the candidate proposer (the
-        n-gram baseline, see app/engine/baselines.py)."""
+        n-gram baseline, see app/main_model/baselines.py)."""
         self.config = config
         self.engine: Engine = engine or VllmEngine(config.main.engine, config.speculation)
         history = config.speculation.history
@@ -255,7 +255,7 @@ class MainModelService:
 
     async def check_grammar(self, prepared: PreparedRequest) -> None:
         """A forced call's grammar must compile within `limits.grammar_compile_timeout_s` of CPU
-        time (app/engine/grammar_check.py): a 400 `grammar_too_slow` otherwise."""
+        time (app/formats/grammar_check.py): a 400 `grammar_too_slow` otherwise."""
         if self.grammar_check is None:
             return
         schema = prepared.sampling.get("structured_json")
@@ -388,7 +388,7 @@ class MainModelService:
 
     def json_constraint(self, schema: dict[str, Any]) -> dict[str, Any]:
         """Sampling options that constrain the output to JSON matching `schema`: the
-        bounded-whitespace grammar (app/engine/json_grammar.py), or vLLM's own JSON grammar
+        bounded-whitespace grammar (app/formats/json_grammar.py), or vLLM's own JSON grammar
         when `main.json_max_indent` is None."""
         max_indent = self.config.main.json_max_indent
         if max_indent is None:
@@ -410,7 +410,7 @@ class MainModelService:
     def schema_candidates(self, prepared: PreparedRequest) -> list[str]:
         """Keys and punctuation of every callable tool (or of the `response_format`
         schema), known before any prediction. In auto mode they are written in the format's
-        call syntax and apply once the output opens a call (app/engine/auto_drafts.py)."""
+        call syntax and apply once the output opens a call (app/drafting/auto_drafts.py)."""
         schema = prepared.request.output_schema
         if schema is not None and prepared.mode not in ("required", "named"):
             return render_json_variants(placeholder_object(schema), schema)
@@ -509,7 +509,7 @@ class MainModelService:
         """A `TurnDelta` per forward pass that wrote something, then one `TurnResult`.
         `trace_parent`: the caller's `main.generate` span, parent of `candidate.validate`."""
         started = time.perf_counter()
-        # Auto mode: the candidates follow the output, text or call (app/engine/auto_drafts.py).
+        # Auto mode: the candidates follow the output, text or call (app/drafting/auto_drafts.py).
         auto = self.auto_drafts(prepared)
         feed = CandidateFeed(
             self.engine.store,

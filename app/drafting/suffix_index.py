@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.engine.alignment import tail_follow
+from app.drafting.alignment import tail_follow
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,10 @@ format answers four questions:
 - where a call starts in free text (`start_marker`, `call_start`);
 - how a finished output splits into content and calls (`parse`), agreeing with vLLM's parser
   of the same name (tests/unit/test_tool_formats.py checks each against it), and how calls
-  are read while the output streams (`call_stream`, app/engine/tool_formats/incremental.py).
+  are read while the output streams (`call_stream`, app/formats/tool_formats/incremental.py).
 
 Forced calls (`tool_choice: required` or a named tool) do not depend on the format: vLLM's
-structured outputs constrain them to JSON, and app/engine/tool_format.py renders and parses
+structured outputs constrain them to JSON, and app/formats/tool_format.py renders and parses
 them for every format.
 """
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from app.engine.tool_formats.incremental import CallStream
+    from app.formats.tool_formats.incremental import CallStream
 
 
 @dataclass

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from app.engine.tool_formats.base import ToolFormat
+from app.formats.tool_formats.base import ToolFormat
 
 # Keys a request may not set through chat_template_kwargs (vLLM refuses them too).
 RESERVED_TEMPLATE_KWARGS = frozenset(

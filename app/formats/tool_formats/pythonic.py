@@ -11,8 +11,8 @@ import json
 import re
 from typing import Any
 
-from app.engine.tool_formats.base import ParsedCall, ParsedOutput, ToolFormat
-from app.engine.tool_formats.incremental import CallDelta, CallStream
+from app.formats.tool_formats.base import ParsedCall, ParsedOutput, ToolFormat
+from app.formats.tool_formats.incremental import CallDelta, CallStream
 
 # Llama 3.2's own pythonic tool prompt.
 TOOL_PROMPT = (

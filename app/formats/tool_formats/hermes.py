@@ -10,14 +10,14 @@ import json
 import re
 from typing import Any, ClassVar
 
-from app.engine.tool_formats.base import (
+from app.formats.tool_formats.base import (
     ParsedCall,
     ParsedOutput,
     ToolFormat,
     arguments_obj,
     tool_listing,
 )
-from app.engine.tool_formats.incremental import CallStream, TaggedCalls
+from app.formats.tool_formats.incremental import CallStream, TaggedCalls
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"

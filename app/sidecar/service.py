@@ -18,7 +18,7 @@ Every prediction parses; the main replica still validates it before drafting fro
 
 Every grammar the sidecar's engine requests carry (union, slots, names, verify) is compiled
 first in the replica's check pool under the same CPU-time limit as the main replica's forced
-calls (app/engine/grammar_check.py): a schema too slow to compile is not sent to the engine,
+calls (app/formats/grammar_check.py): a schema too slow to compile is not sent to the engine,
 whose own grammar compiles would queue everyone's behind it; that slot (or the prediction)
 is left out, which only means less drafting.
 """
@@ -32,10 +32,10 @@ import time
 from typing import Any
 
 from app.config import AppConfig
-from app.engine import slot_filling
-from app.engine.grammar_check import GrammarCheck, check_pool, tokenizer_info
 from app.engine.pass_ledger import count_passes
-from app.engine.tool_format import (
+from app.engine.vllm_engine import CACHE_SALT, USE_ADAPTER, GenerationResult, VllmEngine
+from app.formats.grammar_check import GrammarCheck, check_pool, tokenizer_info
+from app.formats.tool_format import (
     ParsedCall,
     forced_output_schema,
     parse_forced,
@@ -43,8 +43,8 @@ from app.engine.tool_format import (
     render_forced_variants,
     with_system_text,
 )
-from app.engine.vllm_engine import CACHE_SALT, USE_ADAPTER, GenerationResult, VllmEngine
 from app.openai_models import ChatCompletionRequest
+from app.sidecar import slot_filling
 from app.speculation.prediction import PredictedCall, Prediction
 from app.speculation.tool_union import NO_CALL_NAME, invocation_union_schema
 from app.tenancy import ANONYMOUS_TENANT

@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from app.config import AppConfig, EngineConfig
-from app.engine.main_model import MainModelService
 from app.engine.vllm_engine import VllmEngine
 from app.engine.vllm_suffix import SUFFIX_MISSING, suffix_available
+from app.main_model.service import MainModelService
 
 NGRAM = "ngram"
 SUFFIX = "suffix"

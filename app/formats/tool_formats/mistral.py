@@ -12,8 +12,8 @@ import json
 import re
 from typing import Any, ClassVar
 
-from app.engine.tool_formats.base import ParsedCall, ParsedOutput, ToolFormat, arguments_obj
-from app.engine.tool_formats.incremental import CallList, CallStream
+from app.formats.tool_formats.base import ParsedCall, ParsedOutput, ToolFormat, arguments_obj
+from app.formats.tool_formats.incremental import CallList, CallStream
 
 TOOL_CALLS = "[TOOL_CALLS]"
 _LIST_RE = re.compile(r"\[{.*}\]", re.DOTALL)

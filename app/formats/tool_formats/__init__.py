@@ -10,11 +10,11 @@
 
 from __future__ import annotations
 
-from app.engine.tool_formats.base import ParsedCall, ParsedOutput, ToolFormat
-from app.engine.tool_formats.hermes import HermesFormat
-from app.engine.tool_formats.llama3_json import Llama3JsonFormat
-from app.engine.tool_formats.mistral import MistralFormat
-from app.engine.tool_formats.pythonic import PythonicFormat
+from app.formats.tool_formats.base import ParsedCall, ParsedOutput, ToolFormat
+from app.formats.tool_formats.hermes import HermesFormat
+from app.formats.tool_formats.llama3_json import Llama3JsonFormat
+from app.formats.tool_formats.mistral import MistralFormat
+from app.formats.tool_formats.pythonic import PythonicFormat
 
 FORMATS: dict[str, ToolFormat] = {
     f.name: f for f in (HermesFormat(), Llama3JsonFormat(), MistralFormat(), PythonicFormat())

@@ -28,8 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from app.engine.reasoning import Reasoning
-from app.engine.tool_formats.base import ToolFormat
+from app.formats.reasoning import Reasoning
+from app.formats.tool_formats.base import ToolFormat
 from app.speculation.draft_sources import DraftSource
 
 PhaseKind = Literal["thinking", "open", "diverged", "call"]
@@ -48,7 +48,7 @@ def phase(
 ) -> Phase:
     """Where an auto-mode output stands, from its text so far.
 
-    >>> from app.engine.tool_formats import get_format
+    >>> from app.formats.tool_formats import get_format
     >>> call = '<tool_call>\\n{"name": "f", "arguments": {}}\\n</tool_call>'
     >>> phase("<tool", get_format("hermes"), None, [call])
     Phase(kind='open', anchor=0)

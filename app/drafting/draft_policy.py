@@ -21,8 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.config import LoadAwareConfig, SpeculationConfig
-from app.engine.engine_args import Platform
+from app.config import LoadAwareConfig, Platform, SpeculationConfig
 
 # (step_draft_tokens, no_draft_batch) where the config leaves them unset, per platform.
 # CPU: verifying a draft token costs about what decoding a token costs (compute grows with the

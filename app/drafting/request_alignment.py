@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from app.engine.alignment import best_position
-from app.engine.draft_choice import PendingDraft, SourceRates
-from app.engine.draft_policy import RowAcceptance
+from app.drafting.alignment import best_position
+from app.drafting.draft_choice import PendingDraft, SourceRates
+from app.drafting.draft_policy import RowAcceptance
 
 Encode = Callable[[str], list[int]]
 Decode = Callable[[Sequence[int] | np.ndarray], str]
@@ -144,7 +144,7 @@ class TrackedRequest:
     anchor: tuple[int, int] | None = None  # (candidate index, character position)
     acceptance: RowAcceptance = field(default_factory=RowAcceptance)
     # The draft of the last step, settled by the next step's committed tokens, and each
-    # source's acceptance so far (app/engine/draft_choice.py).
+    # source's acceptance so far (app/drafting/draft_choice.py).
     pending: PendingDraft | None = None
     rates: SourceRates = field(default_factory=SourceRates)
     # While the sidecar's candidate is drafted: the other candidates (history, schemas) and

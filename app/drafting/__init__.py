@@ -1,0 +1,1 @@
+"""Drafting: the vLLM proposer, candidate store and channel, alignment, the draft sources."""

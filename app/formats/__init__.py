@@ -1,0 +1,1 @@
+"""How models write: tool-call formats, chat prompt, reasoning, streamed output, grammars."""

@@ -1,0 +1,1 @@
+"""The main-model service and the comparison baselines served like it."""
