@@ -21,7 +21,8 @@ Supported `kustomization.yaml` fields (plus `apiVersion`/`kind`):
 - `namespace`: set on the metadata of every namespaced object.
 - `images`: entries with `name` and `newName` / `newTag` / `digest`, applied to `image` in every
   `containers` and `initContainers` list anywhere in an object, as kustomize's default image
-  transformer does (so it reaches the pod templates inside a RayService).
+  transformer does (so it reaches the pod templates inside a RayService); `newTag` and `digest`
+  together give `name:tag@digest`, one alone replaces both the old tag and digest.
 
 Order: resources, then patches (in the order listed), then namespace, then images.
 
@@ -294,6 +295,10 @@ def _retag(image: str, rule: Obj) -> str:
     if name != rule["name"]:
         return image
     name = rule.get("newName", name)
+    # As kustomize's image transformer: a new tag or digest replaces both old ones, and both
+    # given make `name:tag@digest` (the runtime pulls by the digest; the tag is for people).
+    if "newTag" in rule and "digest" in rule:
+        return f"{name}:{rule['newTag']}@{rule['digest']}"
     if "digest" in rule:
         return f"{name}@{rule['digest']}"
     if "newTag" in rule:

@@ -144,6 +144,11 @@ def test_fixed_ports_are_rays_own_options() -> None:
     port_options = {name for name in options if "port" in name and name != "port-forward"}
     assert set(FIXED_PORTS) <= options
     assert port_options == set(FIXED_PORTS) | set(DEFAULT_PORTS)
+    # Each node's agent sends task events through GCS; with this Ray option on, every agent
+    # would POST them to the head's dashboard (8265), which no worker pod may reach.
+    import ray
+
+    assert ray._config.enable_task_events_to_dashboard_head() is False
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

@@ -20,7 +20,9 @@ k8s/render_kustomize.py, the pure-Python subset of kustomize documented there, a
   limits, worker readiness goes through Serve's proxy health on Serve's port, images are set.
 - network (issue #29): default deny in and out; each pod (with the labels KubeRay adds) is
   reached by and reaches only the peers it needs; tool workers have no egress but DNS, Ray peers
-  and the OTLP collector, and no Ray pod reaches the head's dashboard (8265).
+  and the OTLP collector, and no Ray pod reaches the head's dashboard (8265). Issue #39: Ray pods
+  reach one another on Ray's fixed ports only (tests/unit/test_k8s_cluster_limits.py has the
+  exact port sets, Pod Security Admission, digests and the writable cache paths).
 """
 
 from __future__ import annotations
@@ -976,8 +978,6 @@ def pod_labels(rayservice: Obj) -> dict[str, dict[str, str]]:
 
 
 RAY_PODS: Peer = ("pods", json.dumps({"app.kubernetes.io/name": "ooo-spec"}))
-RAY_WORKERS: Peer = ("pods", json.dumps(
-    {"app.kubernetes.io/name": "ooo-spec", "ray.io/node-type": "worker"}, sort_keys=True))
 RAY_HEAD: Peer = ("pods", json.dumps(
     {"app.kubernetes.io/name": "ooo-spec", "ray.io/node-type": "head"}, sort_keys=True))
 JAEGER: Peer = ("pods", json.dumps({"app.kubernetes.io/name": "jaeger"}))
@@ -1016,21 +1016,29 @@ def test_network_policies_deny_by_default_and_admit_only_the_expected_peers(
     operator = ("namespace+pods", json.dumps(
         {"app.kubernetes.io/name": "kuberay-operator",
          "ns:kubernetes.io/metadata.name": "kuberay-system"}, sort_keys=True))
-    # GCS, a raylet's random port: Ray pods only.
+    # Ray's fixed ports (raylet, object manager, a worker port) from Ray pods; no other port
+    # is open to them (issue #39: Ray picks no port at random any more).
     for pod in (head, *workers):
-        assert admitted(objects, pod, 6379) == {RAY_PODS}
-        assert admitted(objects, pod, 41234) == {RAY_PODS}
-        assert admitted(objects, pod, 8000) == {RAY_PODS, ingress}
-        assert admitted(objects, pod, 8080) == {RAY_PODS, monitoring}
+        for port in (6380, 6381, 10002, 15000, 19999):
+            assert admitted(objects, pod, port) == {RAY_PODS}, port
+        assert admitted(objects, pod, 41234) == set()
+        assert admitted(objects, pod, 8080) == {monitoring}
+        # The agents (52365 serves a job API) from the head's dashboard only.
+        for port in (6382, 6383, 52365):
+            assert admitted(objects, pod, port) == {RAY_HEAD}, port
+    # GCS on the head, from Ray pods; Serve's port on the workers, from the ingress controller.
+    assert admitted(objects, head, 6379) == {RAY_PODS}
+    assert admitted(objects, head, 8000) == set()
     # The dashboard (jobs API: code execution) only from the operator; the Ray client server
-    # from no one. On a worker these are just ports Ray may pick at random.
+    # from no one.
     assert admitted(objects, head, 8265) == {operator}
     assert admitted(objects, head, 10001) == set()
-    # The autoscaler's metrics (pending nodes, issue #21): Prometheus reaches the head's too.
-    assert admitted(objects, head, 44217) == {RAY_PODS, monitoring}
+    # The autoscaler's metrics (pending nodes, issue #21): Prometheus reaches the head's.
+    assert admitted(objects, head, 44217) == {monitoring}
     for pod in workers:
-        assert admitted(objects, pod, 8265) == {RAY_PODS}
-        assert admitted(objects, pod, 10001) == {RAY_PODS}
+        assert admitted(objects, pod, 8000) == {ingress}
+        for port in (6379, 8265, 10001):
+            assert admitted(objects, pod, port) == set(), port
 
     jaeger = the(objects, "Deployment", "jaeger")["spec"]["template"]["metadata"]["labels"]
     for port in (4317, 4318):
@@ -1054,16 +1062,19 @@ def test_egress_is_denied_but_for_what_each_pod_needs(overlay: str) -> None:
     jaeger = the(objects, "Deployment", "jaeger")["spec"]["template"]["metadata"]["labels"]
     for pod in (*labels.values(), jaeger):
         assert DNS in egress_peers(objects, pod, 53)
-        assert egress_peers(objects, pod, 80) <= {RAY_WORKERS, RAY_HEAD}, "no web egress"
+        assert egress_peers(objects, pod, 80) == set(), "no web egress"
     assert egress_peers(objects, jaeger, 4318) == set()
-    api_server = ("ip", json.dumps({"cidr": "0.0.0.0/0", "except": ["169.254.0.0/16"]}))
+    # The API server's address as the overlay pins it (k8s/pin_overlay.py; the placeholder
+    # 192.0.2.1/32, which reaches nothing, until then): never a range.
+    api_server = ("ip", json.dumps({"cidr": "192.0.2.1/32"}))
     for name, pod in labels.items():
-        assert egress_peers(objects, pod, 6379) == {RAY_WORKERS, RAY_HEAD}
-        assert egress_peers(objects, pod, 41234) == {RAY_WORKERS, RAY_HEAD}
-        assert egress_peers(objects, pod, 4318) == {RAY_WORKERS, RAY_HEAD, JAEGER}
-        assert egress_peers(objects, pod, 8265) == {RAY_WORKERS}
-        expected_https = {RAY_WORKERS, RAY_HEAD} | ({api_server} if name == "head" else set())
-        assert egress_peers(objects, pod, 443) == expected_https
+        assert egress_peers(objects, pod, 6379) == {RAY_HEAD}
+        assert egress_peers(objects, pod, 6380) == {RAY_PODS}
+        assert egress_peers(objects, pod, 41234) == set()
+        assert egress_peers(objects, pod, 4318) == {JAEGER}
+        assert egress_peers(objects, pod, 8265) == set()
+        assert egress_peers(objects, pod, 52365) == ({RAY_PODS} if name == "head" else set())
+        assert egress_peers(objects, pod, 443) == ({api_server} if name == "head" else set())
         assert connects(objects, pod, jaeger, 4318)
         assert connects(objects, pod, labels["head"], 6379)
         if name != "head":
@@ -1091,9 +1102,9 @@ def test_tool_workers_have_no_egress_by_default(overlay: str) -> None:
             allowed.add(_peer(peer))
             if "namespaceSelector" in peer:
                 assert _peer(peer) == DNS and {p["port"] for p in rule["ports"]} == {53}
-    assert allowed == {DNS, RAY_WORKERS, RAY_HEAD, JAEGER}
+    assert allowed == {DNS, RAY_PODS, RAY_HEAD, JAEGER}
     head = pod_labels(rayservice)["head"]
-    for port in (8265, 10001):
+    for port in (8265, 10001, 52365):
         assert not connects(objects, tools, head, port)
     grants = [p for p in objects if p["kind"] == "NetworkPolicy" and "ooo-spec.io/tool" in
               p["metadata"].get("labels", {})]
