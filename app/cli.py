@@ -143,7 +143,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     # The benchmark lives with its datasets in load_tests/ at the repository root, not in the
     # installed package: it runs as a module from there, where `python -m` finds it.
-    if not Path("load_tests", "bench.py").is_file():
+    if not Path("load_tests", "bench", "__main__.py").is_file():
         _to_stderr("ooo-spec: error: the benchmark runs from the repository root: cd there and "
                    "run `ooo-spec bench ...` or `python -m load_tests.bench ...`")
         return 2

@@ -107,12 +107,12 @@ def test_config_check_warns_where_suffix_decoding_cannot_start(
 ) -> None:
     with open(ROOT / "configs" / "bench.yaml") as f:
         (application,) = yaml.safe_load(f)["applications"]
-    monkeypatch.setattr("app.config_check.suffix_available", lambda: False)
+    monkeypatch.setattr("app.config_check.check.suffix_available", lambda: False)
     report = check_application(application)
     [suffix] = [d for d in report.deployments if d.name == "MainModelSuffix"]
     assert any("arctic-inference" in w for w in suffix.warnings)
     assert suffix.kv_cache is not None  # still sized like the other engines
-    monkeypatch.setattr("app.config_check.suffix_available", lambda: True)
+    monkeypatch.setattr("app.config_check.check.suffix_available", lambda: True)
     [suffix] = [d for d in check_application(application).deployments
                 if d.name == "MainModelSuffix"]
     assert not any("arctic-inference" in w for w in suffix.warnings)

@@ -50,10 +50,13 @@ def parser_of(module: ModuleType, monkeypatch: pytest.MonkeyPatch) -> argparse.A
     return caught.value.parser
 
 
-# Every command of load_tests/ (found by its `main`) and the distillation's.
+# Every command of load_tests/ (a module with an argparse CLI, or a package with a `__main__`)
+# and the distillation's.
+LOAD_TESTS = Path(load_tests.__file__).parent
 COMMANDS = sorted(
-    name for name in (f"load_tests.{p.stem}" for p in Path(load_tests.__file__).parent.glob("*.py"))
-    if "argparse" in Path(importlib.util.find_spec(name).origin or "").read_text(encoding="utf-8")
+    [name for name in (f"load_tests.{p.stem}" for p in LOAD_TESTS.glob("*.py"))
+     if "argparse" in Path(importlib.util.find_spec(name).origin or "").read_text(encoding="utf-8")]
+    + [f"load_tests.{p.parent.name}" for p in LOAD_TESTS.glob("*/__main__.py")]
 ) + ["app.distill.__main__"]
 
 

@@ -1,7 +1,7 @@
-"""Every repository path the docs and the READMEs name in code spans exists: `app/x/y.py`,
-`tests/unit/...`, `configs/...` from the repository root, and a folder README's bare file names
-(`service.py`, `tool_formats/`) in that folder; a module may be named without `.py`. Moving a file without its docs fails here (the
-links themselves are checked by test_docs_links.py)."""
+"""Every repository path the docs and the READMEs name exists: `app/x/y.py`, `tests/unit/...`,
+`configs/...` from the repository root (in prose, code spans and diagrams), and a folder
+README's bare file names (`service.py`, `tool_formats/`) in that folder; a module may be named
+without `.py`. Moving a file without its docs fails here (links: test_docs_links.py)."""
 
 from __future__ import annotations
 
