@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from app.vllm_names import check_reasoning_parser, check_tool_parser
+
 EMBEDDED_MODEL = "embedded"
 
 # Where an engine runs, decided as vLLM decides it (`app/engine/cuda_driver.py`, `detect_platform`).
@@ -38,6 +40,53 @@ ROUTER, MAIN, SIDECAR, TOOL_WORKER, MAIN_NGRAM, MAIN_SUFFIX = (
 )
 
 
+# Model families and the tool-call and reasoning parsers vLLM's recipes run them with
+# (`--tool-call-parser`, `--reasoning-parser`), most specific first: the first whose every
+# word is in the model's name wins. Every name is one vLLM 0.32 registers
+# (tests/unit/test_known_models.py).
+KNOWN_MODELS: tuple[tuple[tuple[str, ...], str, str | None], ...] = (
+    (("gpt-oss",), "openai", "openai_gptoss"),
+    (("qwen3", "coder"), "qwen3_coder", None),
+    (("qwen3.5",), "qwen3_coder", "qwen3"),
+    (("qwen3.6",), "qwen3_coder", "qwen3"),
+    (("qwen3",), "hermes", "qwen3"),
+    (("qwen2.5",), "hermes", None),
+    (("glm-4.5",), "glm45", "glm45"),
+    (("glm-4.6",), "glm45", "glm45"),
+    (("glm-4.7",), "glm47", "glm45"),
+    (("kimi-k2",), "kimi_k2", "kimi_k2"),
+    (("deepseek-v3.1",), "deepseek_v31", "deepseek_v3"),
+    (("deepseek-v3.2",), "deepseek_v32", "deepseek_v3"),
+    (("minimax-m2",), "minimax_m2", "minimax_m2_append_think"),
+    (("magistral",), "mistral", "mistral"),
+    (("devstral",), "mistral", None),
+    (("mistral",), "mistral", None),
+    (("ministral",), "mistral", None),
+    (("llama-4",), "llama4_pythonic", None),
+    (("llama-3",), "llama3_json", None),
+    (("functiongemma",), "functiongemma", None),
+    (("gemma-4",), "gemma4", "gemma4"),
+)
+
+
+def known_model_defaults(model: str) -> tuple[str, str | None] | None:
+    """(tool_format, reasoning_parser) vLLM's recipes give the model's family, from its name
+    (a Hugging Face id or a folder, its last part read case-blind); None: not a known family.
+
+    >>> known_model_defaults("Qwen/Qwen3-8B")
+    ('hermes', 'qwen3')
+    >>> known_model_defaults("/models/Qwen3-Coder-30B-A3B-Instruct")
+    ('qwen3_coder', None)
+    >>> known_model_defaults("embedded") is None
+    True
+    """
+    name = model.rstrip("/").rsplit("/", 1)[-1].lower().replace("_", "-")
+    for words, tool_format, reasoning in KNOWN_MODELS:
+        if all(w in name for w in words):
+            return tool_format, reasoning
+    return None
+
+
 class ModelDims(_Strict):
     """What sizes a model's KV cache and weights (from its config.json)."""
 
@@ -59,6 +108,17 @@ class EngineConfig(_Strict):
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
     max_model_len: int = Field(2048, ge=128)
     max_num_seqs: int = Field(16, ge=1)
+    scheduling_policy: Literal["fcfs", "priority"] = Field(
+        "fcfs",
+        description="vLLM's scheduling policy. 'priority': a request's `priority` (lower "
+        "first) orders the engine's queue; 'fcfs' (vLLM's default): a non-zero `priority` "
+        "is a 400.",
+    )
+    log_stats: bool = Field(
+        True,
+        description="vLLM's per-step statistics as its `vllm:*` metrics on Ray's metrics "
+        "endpoint (docs/observability.md); false turns them off.",
+    )
     kv_cache_gib: float | None = Field(
         None, gt=0,
         description="KV cache size in GiB. CPU: None = 0.5 (whole GiB go through "
@@ -114,18 +174,73 @@ class EngineConfig(_Strict):
         "`ooo-spec config check` compares it with the deployment's options and, for a "
         "RayService manifest, with the GPUs of its worker group.",
     )
-    tool_format: Literal["hermes", "llama3_json", "mistral", "pythonic"] = Field(
+    tool_format: str = Field(
         "hermes",
         description="How the main model writes tool calls, by the name of vLLM's tool parser "
-        "for the same dialect (app/formats/tool_formats/): the fallback tool prompt for chat "
-        "templates that ignore tools, how candidates are rendered, how outputs are parsed.",
+        "for the same dialect (`--tool-call-parser`; any of vLLM 0.32's, app/vllm_names.py): "
+        "the fallback tool prompt for chat templates that ignore tools, how candidates are "
+        "rendered, how outputs are parsed (app/formats/tool_formats/; docs/tool_formats.md).",
     )
-    reasoning_parser: Literal["deepseek_r1", "qwen3"] | None = Field(
+    reasoning_parser: str | None = Field(
         None,
-        description="Thinking models, by the name of vLLM's reasoning parser: the "
-        "<think>...</think> block is returned as the message's reasoning, never parsed as a "
-        "call, and drafts start after it closes (app/formats/reasoning.py). None: no thinking.",
+        description="Thinking models, by the name of vLLM's reasoning parser "
+        "(`--reasoning-parser`; any of vLLM 0.32's): the reasoning is returned as the "
+        "message's reasoning, never parsed as a call, and drafts start after it closes "
+        "(app/formats/reasoning.py). None: no thinking.",
     )
+    chat_template: str | None = Field(
+        None,
+        description="The main model's chat template, when not the tokenizer's own: a family "
+        "name of the templates ooo-spec ships (qwen3_coder, openai, glm47, kimi_k2, ..., "
+        "app/formats/templates/) or a path to a Jinja file. Prompts are rendered and calls "
+        "drafted through it.",
+    )
+
+    @field_validator("tool_format")
+    @classmethod
+    def _known_tool_parser(cls, name: str) -> str:
+        return check_tool_parser(name)
+
+    @field_validator("reasoning_parser")
+    @classmethod
+    def _known_reasoning_parser(cls, name: str | None) -> str | None:
+        return check_reasoning_parser(name)
+    tool_structural_tags: bool = Field(
+        True,
+        description="Constrain forced calls (`tool_choice: required`, a named tool) and "
+        "`strict: true` tools in the model's own format with the structural tag vLLM and "
+        "xgrammar keep for `tool_format` (app/formats/structural_tag.py), as `vllm serve` "
+        "does; formats without one, or false here (vLLM's VLLM_ENFORCE_STRICT_TOOL_CALLING=0), "
+        "force calls as a JSON list instead (app/formats/tool_format.py). `ooo-spec config "
+        "check` says which applies.",
+    )
+    tool_strict_level: Literal["auto", "function", "parameter"] = Field(
+        "auto",
+        description="As vLLM's --tool-strict-level: when `tool_choice: auto` calls are "
+        "constrained by the structural tag. auto: only when a tool is `strict: true` (its "
+        "arguments pinned to its schema) or the client sent `parallel_tool_calls: false`; "
+        "function: the call envelope (markers, tool names) of every request with tools; "
+        "parameter: also every tool's arguments. Forced calls are always constrained, "
+        "arguments included.",
+    )
+
+    @model_validator(mode="after")
+    def _known_model_defaults(self) -> EngineConfig:
+        """`tool_format` and `reasoning_parser` left unset: the ones vLLM's recipes give the
+        model's family (`known_model_defaults`), where this version of the config accepts
+        them."""
+        known = known_model_defaults(self.model) or known_model_defaults(self.served_model_name)
+        if known is None:
+            return self
+        for key, value in (("tool_format", known[0]), ("reasoning_parser", known[1])):
+            if key in self.model_fields_set or value is None:
+                continue
+            try:
+                self.__pydantic_validator__.validate_assignment(self, key, value)
+            except ValueError:  # a name this config does not take (yet): keep the default
+                continue
+            self.model_fields_set.discard(key)  # still "not set by the user"
+        return self
 
 
 class LoadAwareConfig(_Strict):
@@ -163,6 +278,32 @@ class LoadAwareConfig(_Strict):
         "sidecar batches its predictions nearly free). The CPU configs set 1: on the CPU "
         "default at 4 and 16 users most predictions arrived late (docs/benchmarks.md, "
         "'Under load').",
+    )
+
+
+class DraftWorthConfig(_Strict):
+    """Drafts sized by what they are worth (app/drafting/draft_worth.py): each drafted position
+    only while its chance of acceptance pays for verifying it. Never changes the output."""
+
+    enabled: bool = Field(
+        True, description="Cut each draft where the chance that all its tokens so far are "
+        "accepted falls below the cost of verifying one more (off: every draft runs to its "
+        "budget).",
+    )
+    verify_cost_ratio: float | None = Field(
+        None, gt=0, le=10,
+        description="Cost of verifying one token over a forward pass's fixed cost (b / a). "
+        "None: the platform's (0.15 on CPU, 0.002 on GPU), refined from the engine's own step "
+        "times when `measure_steps` is on.",
+    )
+    measure_steps: bool = Field(
+        True, description="Refine the ratio from the engine's decode steps (their time "
+        "against the tokens each verified).",
+    )
+    max_spec_factor: float = Field(
+        1.0, gt=0, le=16,
+        description="A token matcher (suffix, prompt lookup) drafts at most this many tokens "
+        "per token of context it matched (as vLLM's suffix decoding).",
     )
 
 
@@ -276,6 +417,7 @@ class SpeculationConfig(_Strict):
     suffix: SuffixConfig = Field(default_factory=lambda: SuffixConfig())
     sidecar_value: SidecarValueConfig = Field(default_factory=lambda: SidecarValueConfig())
     load_aware: LoadAwareConfig = Field(default_factory=lambda: LoadAwareConfig())
+    draft_worth: DraftWorthConfig = Field(default_factory=lambda: DraftWorthConfig())
 
 
 class SidecarLoraConfig(_Strict):
@@ -771,6 +913,21 @@ class TelemetryConfig(_Strict):
     )
 
 
+class DiagnosticsConfig(_Strict):
+    """Benchmark switches a request may set under `ooo_spec.diagnostics` that cost the server
+    state, allowed only where the config says so."""
+
+    suffix_scopes: bool = Field(
+        False,
+        description="Allow `ooo_spec.diagnostics.suffix_scope`: a separate suffix index per "
+        "scope within the caller's tenant (a benchmark sends each mode as its own scope). "
+        "Each scope is an index of up to `speculation.suffix.max_tokens_per_tenant` tokens, "
+        "counted against the tenant's own (at most 8 scopes a tenant). Off by default: a "
+        "request that sets it gets a 400 `diagnostics_disabled`. `ooo-spec bench --start` "
+        "turns it on for the app it starts; configs/bench.yaml sets it.",
+    )
+
+
 class AppConfig(_Strict):
     main: MainConfig = Field(default_factory=MainConfig)
     sidecar: SidecarConfig = Field(default_factory=SidecarConfig)
@@ -782,6 +939,7 @@ class AppConfig(_Strict):
     auth: AuthConfig = Field(default_factory=AuthConfig)
     faults: FaultInjectionConfig = Field(default_factory=FaultInjectionConfig)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+    diagnostics: DiagnosticsConfig = Field(default_factory=DiagnosticsConfig)
     tools: list[str] = Field(
         default_factory=lambda: ["app.tools.builtin"],
         description="Python modules whose decorated functions become server-known tools.",

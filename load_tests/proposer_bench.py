@@ -129,15 +129,19 @@ def fake_runner(rows: list[Row]) -> Any:
     return SimpleNamespace(input_batch=batch)
 
 
-def run(n_rows: int, steps: int, tokenizer: Any, seed: int = 0) -> dict[str, Any]:
+def run(n_rows: int, steps: int, tokenizer: Any, seed: int = 0, replica: Any = None,
+        reader: Any = None) -> dict[str, Any]:
+    """`replica`: where requests and candidates go (a `CandidateStore` by default); `reader`:
+    what the proposer reads (the replica itself by default; a `RemoteStore` in
+    `channel_bench.py`)."""
     rng = random.Random(seed)
     rows = make_rows(n_rows, tokenizer, rng)
     config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=K),
                              model_config=SimpleNamespace(max_model_len=MAX_MODEL_LEN))
     proposer = CandidateProposer(config)
-    store = CandidateStore()
-    proposer.bind(store, None, tokenizer, prompt_lookup_fallback=True,
-                  lookup_min=2, lookup_max=4)
+    store = replica if replica is not None else CandidateStore()
+    proposer.bind(reader if reader is not None else store, None, tokenizer,
+                  prompt_lookup_fallback=True, lookup_min=2, lookup_max=4)
     token_ids = np.zeros((n_rows, MAX_MODEL_LEN), dtype=np.int32)
     prompt = tokenizer.encode("You are a helpful assistant. " * 40, add_special_tokens=False)
     serial = 0

@@ -2,7 +2,8 @@
 
 Keys come from the config (`auth.api_keys`) and from an environment variable of the router
 (`auth.api_keys_env`, comma-separated). With none the server is open and `authenticate` returns
-the anonymous caller; with any, a request needs `Authorization: Bearer <key>` (401 otherwise).
+the anonymous caller; with any, a request needs `Authorization: Bearer <key>` or, as Anthropic's
+clients send it, `x-api-key: <key>` (401 otherwise).
 Only SHA-256 digests of the keys are kept, compared in constant time; errors and metrics name a
 key by its label (`name`, or `key-` and the digest's first 8 hex digits), never by the key.
 
@@ -111,13 +112,17 @@ class ApiKeys:
     def enabled(self) -> bool:
         return bool(self._keys)
 
-    def authenticate(self, authorization: str | None) -> Caller:
-        """The caller of an `Authorization` header value; raises a 401 `ApiError`."""
+    def authenticate(self, authorization: str | None, api_key: str | None = None) -> Caller:
+        """The caller of an `Authorization` header value, or, without one, of an `x-api-key`
+        header value (`api_key`); raises a 401 `ApiError`."""
         if not self._keys:
             return self.anonymous
+        if not authorization and api_key and api_key.strip():
+            authorization = f"Bearer {api_key.strip()}"
         if not authorization:
             raise _unauthorized(
-                "this server needs an API key: send 'Authorization: Bearer <key>'"
+                "this server needs an API key: send 'Authorization: Bearer <key>' or "
+                "'x-api-key: <key>'"
             )
         scheme, _, secret = authorization.strip().partition(" ")
         if scheme.lower() != "bearer" or not secret.strip():

@@ -150,6 +150,8 @@ class ChatService:
             and request.ooo_spec.sidecar
             and request.ooo_spec.baseline is None
             and request.effective_tool_choice != "none"
+            # Nothing would draft its prediction (`ooo_spec.no_drafts_reason`).
+            and request.draft_free_reason() is None
         )
 
     def sidecar_decision(self, request: ChatCompletionRequest, tenant: str) -> SidecarDecision:
@@ -501,7 +503,9 @@ class ChatService:
             "object": "chat.completion",
             "created": int(time.time()),
             "model": self.model_name,
+            # `stop_reason`: the stop string that ended the output, as vLLM reports it.
             "choices": [{"index": 0, "message": message, "finish_reason": finish,
+                         "stop_reason": final.stop_reason,
                          "logprobs": _logprobs(request, final.logprobs)}],
             "usage": {
                 "prompt_tokens": prompt_tokens,
@@ -551,6 +555,8 @@ class ChatService:
             ),
             sidecar_decisions=state.sidecar_decisions,
             routing=state.routes,
+            no_drafts_reason=(request.draft_free_reason() if request.ooo_spec.enabled
+                              else None),
         )
 
 

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from app.api.chat_service import sse
 from app.api.errors import ApiError, api_error
@@ -27,6 +27,7 @@ from app.openai_models import (
     MainReport,
     OooSpecOptions,
     OooSpecReport,
+    SamplingFields,
     StreamOptions,
     TimingsReport,
 )
@@ -41,8 +42,8 @@ MainEvents = Callable[[dict[str, Any], Prompt], AsyncIterator[TurnEvent]]
 logger = logging.getLogger(__name__)
 
 
-class CompletionRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class CompletionRequest(SamplingFields):
+    """As vLLM's, with its sampling extras (`SamplingFields`); extra keys are a 400."""
 
     model: str | None = None
     prompt: str | list[str] | list[int] | list[list[int]]
@@ -66,6 +67,9 @@ class CompletionRequest(BaseModel):
     def _supported(self) -> CompletionRequest:
         if self.echo:
             raise ValueError("'echo' is not supported")
+        if self.reasoning_effort is not None:
+            raise ValueError("'reasoning_effort' is a chat field: a completion has no chat "
+                             "template to switch thinking in")
         if self.suffix:
             raise ValueError("'suffix' is not supported")
         if self.best_of not in (None, 1):
@@ -102,6 +106,7 @@ class CompletionRequest(BaseModel):
             logprobs=self.logprobs is not None or None,
             top_logprobs=self.logprobs,
             response_format=self.response_format,
+            **self.sampling_field_values(),
             # Past calls are a chat thing: a completion neither uses nor records them.
             ooo_spec=self.ooo_spec.model_copy(update={"history": False}),
         )
@@ -126,6 +131,7 @@ def _report(request: CompletionRequest, finals: Sequence[TurnResult], started: f
         outcome="no_call" if request.ooo_spec.enabled else "disabled",
         main=main,
         timings_ms=TimingsReport(total=total, main=total),
+        no_drafts_reason=request.draft_free_reason() if request.ooo_spec.enabled else None,
     ).model_dump()
 
 

@@ -57,12 +57,18 @@ def error_body(
 ) -> dict[str, Any]:
     return {
         "error": {
-            "message": message,
+            "message": encodable(message),
             "type": _TYPES.get(status, "invalid_request_error"),
-            "param": param,
+            "param": None if param is None else encodable(param),
             "code": code,
         }
     }
+
+
+def encodable(text: str) -> str:
+    """`text` with any lone surrogate (a client's `"\\ud800"` quoted in a message or a field's
+    path) written as its escape, so the error itself can be sent as UTF-8."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def validated(model: type[M], data: Any) -> M:

@@ -12,7 +12,8 @@ says what and where, before any check or model reads the body.
   front of the server may act on the first, so the server would run what they did not check.
 - **Nesting too deep for the parser** (it raises `RecursionError`).
 - **Text that cannot be encoded** (`unencodable_text`): a lone surrogate escape such as
-  `"\\ud800"` is valid JSON and decodes to a Python string that every later `.encode()` refuses
+  `"\\ud800"` is valid JSON (and Python's `json` decodes a surrogate's raw UTF-8 bytes too, with
+  "surrogatepass"), giving a Python string that every later `.encode()` refuses
   (hashing the prompt for cache-affinity routing, a schema's size in bytes, the tokenizer), far
   from any place that could answer a 400. UTF-8 encodes every other code point, so the lone
   surrogates (U+D800 to U+DFFF) are exactly the strings that cannot be encoded.

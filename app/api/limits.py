@@ -162,7 +162,7 @@ def check_arguments(request: ChatCompletionRequest, limits: LimitsConfig) -> Non
 def check_tool_schema(name: str, schema: dict[str, Any], limits: LimitsConfig) -> int:
     """Size, depth, expansion and patterns of one tool's schema; returns its size in bytes.
     In the router's check pool, a check nobody waits for any more stops here
-    (`stop_if_abandoned`), before its next schema."""
+    (`stop_if_abandoned`), before its next schema or pattern."""
     stop_if_abandoned()
     size = len(json.dumps(schema, separators=(",", ":"), ensure_ascii=False).encode())
     if size > limits.max_schema_bytes:
@@ -193,6 +193,7 @@ def check_tool_schema(name: str, schema: dict[str, Any], limits: LimitsConfig) -
             code="tool_schema_too_complex",
         )
     for pattern in schema_patterns(schema):
+        stop_if_abandoned()  # each pattern compiles in RE2 (up to ~10 ms): stop between them
         problem = pattern_problem(pattern, limits.max_pattern_chars)
         if problem is not None:
             shown = pattern if len(pattern) <= 64 else pattern[:61] + "..."

@@ -12,7 +12,9 @@ chains the ones before it, so equal hashes mean equal prefixes, and the index ma
 - `longest_match`: the longest prefix of a prompt that a live replica holds, with its length
   (characters of the rendered segments: the router has no tokenizer, and characters track
   tokens closely enough to decide whether a match is worth keeping);
-- bounded memory: at most `max_entries` prefixes, least recently used evicted first;
+- bounded memory per tenant: at most `max_entries_per_tenant` prefixes of one tenant and
+  `max_entries` in all, least recently used evicted first, from the tenant holding the most
+  when the whole index is full (no tenant can flush another's);
 - `drop_replica`: a replica that left (downscale, redeploy, crash) is never chosen again;
 - `affinity_decision`: that replica, or power of two choices when the match is short or that
   replica is loaded beyond the configured imbalance;
@@ -53,17 +55,29 @@ class PrefixMatch:
     length: int
 
 
-def prompt_key(tenant: str, tools: Sequence[Any], messages: Sequence[Any]) -> PromptKey:
+# What a client's own affinity key (`prompt_cache_key`, `session_id`) counts for as a matched
+# prefix: more than any `min_match_chars`, so a match on the key alone keeps affinity.
+SESSION_WEIGHT = 1 << 30
+
+
+def prompt_key(tenant: str, tools: Sequence[Any], messages: Sequence[Any],
+               session: str | None = None) -> PromptKey:
     """The key of a chat prompt: the tools (the templates render them first, in the system
-    block), then every message in order, each as canonical JSON (key order ignored)."""
+    block), then every message in order, each as canonical JSON (key order ignored).
+    `session`: the client's affinity key, first in the chain, so requests naming it go where
+    it was last served within the tenant, whatever their messages."""
     segments = [_canonical(list(tools))] + [_canonical(m) for m in messages]
+    weights = [len(segment) for segment in segments]
+    if session is not None:
+        segments.insert(0, f"\x01session\x00{session}")
+        weights.insert(0, SESSION_WEIGHT)
     digest = hashlib.blake2b(_bytes(tenant), digest_size=16).hexdigest()
     hashes: list[str] = []
     lengths: list[int] = []
     total = 0
-    for segment in segments:
+    for segment, weight in zip(segments, weights, strict=True):
         digest = hashlib.blake2b(_bytes(f"{digest}\x00{segment}"), digest_size=16).hexdigest()
-        total += len(segment)
+        total += weight
         hashes.append(digest)
         lengths.append(total)
     return PromptKey(tenant, tuple(hashes), tuple(lengths))
@@ -88,46 +102,80 @@ class _Entry:
 
 
 class TenantPrefixIndex:
-    """(tenant, prefix) -> the replica that last served it, least recently used evicted first.
-    Not thread-safe: the request router calls it from its event loop only."""
+    """(tenant, prefix) -> the replica that last served it. Each tenant keeps at most
+    `max_entries_per_tenant` (its own least recently used go first), and when all tenants
+    together hold `max_entries`, the tenant holding the most loses its least recently used:
+    one tenant's flood of long conversations (one entry per message) evicts its own entries,
+    never another's while that one holds less. Not thread-safe: the request router calls it
+    from its event loop only."""
 
-    def __init__(self, max_entries: int) -> None:
-        if max_entries < 1:
-            raise ValueError("max_entries must be at least 1")
+    def __init__(self, max_entries: int, max_entries_per_tenant: int | None = None) -> None:
+        if max_entries < 1 or (max_entries_per_tenant is not None and max_entries_per_tenant < 1):
+            raise ValueError("max_entries and max_entries_per_tenant must be at least 1")
         self.max_entries = max_entries
-        self._entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
+        # Default: a quarter of the index, so at least four tenants fit whole.
+        self.max_entries_per_tenant = min(max_entries_per_tenant or max(1, max_entries // 4),
+                                          max_entries)
+        # Each tenant's entries, least recently used first; the tenants in the same order.
+        self._tenants: OrderedDict[str, OrderedDict[str, _Entry]] = OrderedDict()
+        self._size = 0
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return self._size
+
+    def held(self, tenant: str) -> int:
+        """Entries `tenant` holds."""
+        return len(self._tenants.get(tenant, ()))
 
     def insert(self, key: PromptKey, replica: str) -> None:
         """Every prefix of `key` now points at `replica` (the one that just served it)."""
+        entries = self._tenants.setdefault(key.tenant, OrderedDict())
+        self._tenants.move_to_end(key.tenant)
         for digest, length in zip(key.hashes, key.lengths, strict=True):
-            entry_key = (key.tenant, digest)
-            self._entries[entry_key] = _Entry(replica, length)
-            self._entries.move_to_end(entry_key)
-        while len(self._entries) > self.max_entries:
-            self._entries.popitem(last=False)
+            if digest not in entries:
+                self._size += 1
+            entries[digest] = _Entry(replica, length)
+            entries.move_to_end(digest)
+        while len(entries) > self.max_entries_per_tenant:
+            entries.popitem(last=False)
+            self._size -= 1
+        while self._size > self.max_entries:
+            # The least recently used of the tenants holding the most (`max` keeps the first).
+            largest = max(self._tenants.values(), key=len)
+            largest.popitem(last=False)
+            self._size -= 1
+        self._forget_empty()
 
     def longest_match(self, key: PromptKey, replicas: Collection[str]) -> PrefixMatch | None:
         """The longest prefix of `key` held by one of `replicas` (the live ones), or None."""
+        entries = self._tenants.get(key.tenant)
+        if entries is None:
+            return None
         for position in range(len(key.hashes) - 1, -1, -1):
-            entry = self._entries.get((key.tenant, key.hashes[position]))
+            entry = entries.get(key.hashes[position])
             if entry is not None and entry.replica in replicas:
+                self._tenants.move_to_end(key.tenant)
                 # The shorter prefixes are in use as part of this one: all recently used.
                 for digest in key.hashes[: position + 1]:
-                    if (key.tenant, digest) in self._entries:
-                        self._entries.move_to_end((key.tenant, digest))
+                    if digest in entries:
+                        entries.move_to_end(digest)
                 return PrefixMatch(entry.replica, entry.length)
         return None
 
     def drop_replica(self, replica: str) -> None:
         """Forget every prefix `replica` held: it is gone and its cache with it."""
-        for entry_key in [k for k, e in self._entries.items() if e.replica == replica]:
-            del self._entries[entry_key]
+        for entries in self._tenants.values():
+            for digest in [d for d, e in entries.items() if e.replica == replica]:
+                del entries[digest]
+                self._size -= 1
+        self._forget_empty()
+
+    def _forget_empty(self) -> None:
+        for tenant in [t for t, entries in self._tenants.items() if not entries]:
+            del self._tenants[tenant]
 
     def replicas(self) -> set[str]:
-        return {entry.replica for entry in self._entries.values()}
+        return {e.replica for entries in self._tenants.values() for e in entries.values()}
 
 
 @dataclass(frozen=True)

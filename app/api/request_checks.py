@@ -2,10 +2,13 @@
 
 A route declares how its body becomes its request model (`Route.parse`) and what that request
 asks of the engines in the shared terms (`Route.ask`: the chat request each choice runs, how
-many choices, how many seeds per prompt). `check_body` runs the body limits, the route's parse
-and the shared limits (`check_ask`) and returns a `Checked`, the only way a route's handler gets
-its request; `run_checks` runs all of it off the event loop under the CPU-time limit, so a slow
-schema cannot stall the router. `ROUTES` maps each POST path to its `Route`: the router reads
+many choices, how many seeds per prompt). `check_body` runs the body limits (the JSON parsed
+strictly, every string checked to be encodable: app/api/json_body.py), the route's parse and the
+shared limits (`check_ask`: counts and sizes, then every client schema validated, then the work
+counted) and returns a `Checked`, the only way a route's handler gets its request; whatever
+a check did not foresee is still a 400 naming the field (`checking`), never a 5xx.
+`run_checks` runs all of it off the event loop under the CPU-time limit, so a slow schema
+cannot stall the router. `ROUTES` maps each POST path to its `Route`: the router reads
 its route from there, and a unit test fails when a POST route of the app is not in it.
 """
 
@@ -33,7 +36,16 @@ from app.api.limits import (
     json_object_body,
     off_loop,
 )
+from app.api.messages import (
+    COUNT_TOKENS_PATH,
+    MESSAGES_PATH,
+    CountTokensRequest,
+    MessagesRequest,
+    count_chat_request,
+)
+from app.api.messages import to_chat_request as messages_chat_request
 from app.api.responses import ResponsesRequest, to_chat_request
+from app.api.tokenize import DETOKENIZE_PATH, TOKENIZE_PATH, DetokenizeRequest, TokenizeRequest
 from app.api.work import WorkPlan, check_work, work_of
 from app.check_pool import CheckPool, stop_if_abandoned
 from app.config import LimitsConfig
@@ -111,12 +123,34 @@ def _responses_ask(request: ResponsesRequest) -> Ask:
     return Ask(to_chat_request(request), 1, 1)
 
 
+def _messages_ask(request: MessagesRequest) -> Ask:
+    return Ask(messages_chat_request(request), 1, 1)
+
+
+def _count_tokens_ask(request: CountTokensRequest) -> Ask:
+    # Renders and tokenises the prompt on the main replica, decodes nothing: checked as the
+    # chat request of one token it would be.
+    return Ask(count_chat_request(request), 1, 1)
+
+
 CHAT: Route[ChatCompletionRequest] = Route(
     "chat.completions", lambda data: validated(ChatCompletionRequest, data), _chat_ask)
 COMPLETIONS: Route[CompletionRequest] = Route(
     "completions", lambda data: validated(CompletionRequest, data), _completion_ask)
 RESPONSES: Route[ResponsesRequest] = Route(
     "responses", lambda data: validated(ResponsesRequest, data), _responses_ask)
+MESSAGES: Route[MessagesRequest] = Route(
+    "messages", lambda data: validated(MessagesRequest, data), _messages_ask)
+COUNT_TOKENS: Route[CountTokensRequest] = Route(
+    "messages.count_tokens", lambda data: validated(CountTokensRequest, data),
+    _count_tokens_ask)
+
+TOKENIZE: Route[TokenizeRequest] = Route(
+    "tokenize", lambda data: validated(TokenizeRequest, data),
+    lambda request: Ask(request.chat_request(), 1, 1))
+DETOKENIZE: Route[DetokenizeRequest] = Route(
+    "detokenize", lambda data: validated(DetokenizeRequest, data),
+    lambda request: Ask(request.chat_request(), 1, 1))
 
 # Every POST route of the router, by path (tests/unit/test_request_checks.py holds the app's
 # routes to it).
@@ -124,6 +158,10 @@ ROUTES: dict[str, Route[Any]] = {
     "/v1/chat/completions": CHAT,
     "/v1/completions": COMPLETIONS,
     "/v1/responses": RESPONSES,
+    MESSAGES_PATH: MESSAGES,
+    COUNT_TOKENS_PATH: COUNT_TOKENS,
+    TOKENIZE_PATH: TOKENIZE,
+    DETOKENIZE_PATH: DETOKENIZE,
 }
 
 
@@ -224,7 +262,7 @@ async def run_checks(route: Route[R], body: bytes, bounds: Bounds, pool: CheckPo
     schema; without, in the loop's default executor."""
     limits = bounds.limits
     what = "checking the request's schemas"
-    if True:  # BROKEN
+    if pool is None:
         return await off_loop(lambda: check_body(route, body, bounds),
                               limits.schema_check_timeout_s, limits.check_max_wait_s, what)
     key = (route.name, hashlib.sha256(body).digest())

@@ -24,17 +24,21 @@ from app import telemetry
 from app.api.auth import ApiKeys, Caller, ConcurrencyLimiter, Slot
 from app.api.chat_service import ChatService, StartSidecar, choice_requests, merge_completions
 from app.api.completions import CompletionRequest, CompletionService
-from app.api.errors import ApiError
+from app.api.errors import ApiError, api_error
 from app.api.limits import deadline_error, read_limited, with_deadline
+from app.api.main_format import main_format
+from app.api.messages import CountTokensRequest, MessagesRequest, to_message
+from app.api.messages import stream_events as message_events
 from app.api.request_checks import ROUTES, Bounds, Checked, run_checks
 from app.api.responses import ResponseBuilder, ResponsesRequest, stream_events
-from app.api.streaming import stream_sse
+from app.api.streaming import choice_chunks, stream_sse
+from app.api.tokenize import DetokenizeRequest, TokenizeRequest
 from app.api.work import WorkPlan, max_tokens_of
 from app.check_pool import CheckPool
-from app.config import AppConfig
-from app.formats.tool_formats import get_format
+from app.config import AppConfig, DiagnosticsConfig
+from app.formats.structural_tag import engine_tag_model
 from app.openai_models import ChatCompletionRequest
-from app.speculation.turn import TurnEvent
+from app.speculation.turn import TurnError, TurnEvent
 from app.tenancy import TENANT_KEY
 
 
@@ -44,6 +48,20 @@ class MainCall(Protocol):
 
     def __call__(self, payload: dict[str, Any], sidecar_ref: Any,
                  raw_prompt: Any = None) -> AsyncIterator[TurnEvent]: ...
+
+
+class CountCall(Protocol):
+    """The main model's count of a payload's prompt tokens, as its template and tokenizer
+    render it (`MainModel.count_tokens`); raises the `TurnError` the replica hands back."""
+
+    def __call__(self, payload: dict[str, Any]) -> Awaitable[int]: ...
+
+
+class TokensCall(Protocol):
+    """The main replica's tokenizer (`MainModel.tokens`): a `/tokenize` or `/detokenize`
+    order in, vLLM's response body out; raises the `TurnError` the replica hands back."""
+
+    def __call__(self, order: dict[str, Any]) -> Awaitable[dict[str, Any]]: ...
 
 
 @dataclass(frozen=True)
@@ -161,19 +179,33 @@ async def all_finals(
     return [task.result() for task in tasks]
 
 
+def check_diagnostics(request: ChatCompletionRequest, allowed: DiagnosticsConfig) -> None:
+    """A 400 for a diagnostics switch the config does not allow: each suffix scope is an
+    index of the tenant's, so it is open only where a benchmark needs it."""
+    if request.ooo_spec.diagnostics.suffix_scope is not None and not allowed.suffix_scopes:
+        raise ApiError(400, "ooo_spec.diagnostics.suffix_scope is a benchmark switch this "
+                       "server does not allow (config `diagnostics.suffix_scopes`); leave it "
+                       "out", param="ooo_spec.diagnostics.suffix_scope",
+                       code="diagnostics_disabled")
+
+
 class RequestFlow:
     """The POST routes' logic over the deployment's calls: `start_sidecar` and `main_call`
     reach the Sidecar and MainModel deployments; `chat` and `text` build the responses."""
 
     def __init__(self, config: AppConfig, keys: ApiKeys, chat: ChatService,
                  text: CompletionService, start_sidecar: StartSidecar, main_call: MainCall,
-                 sidecar_deployed: bool, check_pool: CheckPool | None = None) -> None:
+                 sidecar_deployed: bool, check_pool: CheckPool | None = None,
+                 count_call: CountCall | None = None,
+                 tokens_call: TokensCall | None = None) -> None:
         self.config = config
         self.keys = keys
         self.chat = chat
         self.text = text
         self.start_sidecar = start_sidecar
         self.main_call = main_call
+        self.count_call = count_call
+        self.tokens_call = tokens_call
         self.limiter = ConcurrencyLimiter(config.auth.retry_after_s)
         # The router's request checks, in a bounded pool fair between tenants, like the
         # replicas' grammar checks (app/check_pool.py).
@@ -189,7 +221,8 @@ class RequestFlow:
         )
 
     def authorize(self, headers: Mapping[str, str]) -> Caller:
-        return self.keys.authenticate(headers.get("authorization"))
+        # `x-api-key`: how Anthropic's clients send the key (app/api/messages.py).
+        return self.keys.authenticate(headers.get("authorization"), headers.get("x-api-key"))
 
     def check_model(self, model: str | None) -> None:
         if model and model != self.chat.model_name:
@@ -208,6 +241,7 @@ class RequestFlow:
                                       self.config.router.max_body_bytes,
                                       self.config.router.body_timeout_s)
             checked = await run_checks(route, body, self.bounds, self.check_pool, caller.tenant)
+            check_diagnostics(checked.ask.chat, self.config.diagnostics)
             slot.resize(checked.engine_requests)
         except BaseException:
             slot.release()
@@ -243,7 +277,8 @@ class RequestFlow:
                 pairs = [s for pair in zip(replays, choices, strict=True) for s in pair]
                 engine = self.config.main.engine
                 sse = stream_sse(request, replays, self.chat.model_name,
-                                 get_format(engine.tool_format), engine.reasoning_parser)
+                                 main_format(engine), engine.reasoning_parser,
+                                 engine_tag_model(engine) is not None)
                 return owning_stream(sse, pairs, admission.hand_over())
             return JsonReply(merge_completions(await all_finals(choices)))
 
@@ -280,3 +315,72 @@ class RequestFlow:
                                      [replay, events], admission.hand_over())
             return JsonReply(ResponseBuilder(request, self.chat.model_name).final(
                 await final(events)))
+
+    async def messages(self, incoming: Incoming) -> Reply:
+        """`POST /v1/messages`: the chat request it runs as, its result as a `message` or the
+        Messages event stream (app/api/messages.py)."""
+        async with self.admitted(incoming) as admission:
+            request = admission.checked.of(MessagesRequest)
+            self.check_model(request.model)
+            chat = admission.checked.ask.chat  # the chat request it runs as, checked as chat's
+            self.chat.check_options(chat)
+            events = self._chat_events(chat, incoming, admission.caller)
+            if request.stream:
+                replay = await prefetched(events)
+                engine = self.config.main.engine
+                chunks = choice_chunks(chat, replay, self.chat.model_name,
+                                       main_format(engine), engine.reasoning_parser,
+                                       engine_tag_model(engine) is not None)
+                return owning_stream(message_events(chunks, self.chat.model_name),
+                                     [replay, events], admission.hand_over())
+            return JsonReply(to_message(await final(events), self.chat.model_name))
+
+    async def count_tokens(self, incoming: Incoming) -> Reply:
+        """`POST /v1/messages/count_tokens`: the prompt's tokens as the main model renders it
+        (its chat template, the tools, the tokenizer), nothing decoded."""
+        async with self.admitted(incoming) as admission:
+            request = admission.checked.of(CountTokensRequest)
+            self.check_model(request.model)
+            if self.count_call is None:
+                raise ApiError(501, "this server cannot count tokens", code="not_implemented")
+            payload = {**admission.checked.ask.chat.model_dump(exclude_none=True),
+                       TENANT_KEY: admission.caller.tenant}
+            try:
+                async with asyncio.timeout(self.config.router.request_timeout_s):
+                    tokens = await self.count_call(payload)
+            except TurnError as err:
+                raise api_error(err) from None
+            except TimeoutError:
+                raise deadline_error(self.config.router.request_timeout_s) from None
+            return JsonReply({"input_tokens": tokens})
+
+    async def tokens(self, incoming: Incoming) -> Reply:
+        """`POST /tokenize` and `POST /detokenize` (app/api/tokenize.py): checked and keyed
+        like the other routes, answered by the main replica's tokenizer."""
+        async with self.admitted(incoming) as admission:
+            request = admission.checked.request
+            if not isinstance(request, TokenizeRequest | DetokenizeRequest):
+                raise TypeError(f"not a tokenizer request: {type(request).__name__}")
+            self.check_model(request.model)
+            if self.tokens_call is None:
+                raise ApiError(501, "this server cannot tokenize", code="not_implemented")
+            order: dict[str, Any]
+            if isinstance(request, DetokenizeRequest):
+                if len(request.tokens) > self.bounds.context:
+                    raise ApiError(400, f"'tokens' holds {len(request.tokens)} ids, more than "
+                                   f"the model's context of {self.bounds.context}",
+                                   param="tokens")
+                order = {"op": "detokenize", "tokens": request.tokens}
+            else:
+                order = {"op": "tokenize",
+                         "chat": {**admission.checked.ask.chat.model_dump(exclude_none=True),
+                                  TENANT_KEY: admission.caller.tenant},
+                         "prompt": request.prompt, "special": request.special_tokens,
+                         "strs": bool(request.return_token_strs)}
+            try:
+                async with asyncio.timeout(self.config.router.request_timeout_s):
+                    return JsonReply(await self.tokens_call(order))
+            except TurnError as err:
+                raise api_error(err) from None
+            except TimeoutError:
+                raise deadline_error(self.config.router.request_timeout_s) from None

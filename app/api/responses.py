@@ -3,7 +3,8 @@ use, served by the chat completion machinery (sidecar, speculation, tools, `ooo_
 
 A request becomes a chat request: `instructions` the system message, `input` a string (one user
 message) or items (messages; `function_call` items as an assistant's tool calls;
-`function_call_output` items as tool messages), function `tools`, `tool_choice`, `text.format`
+`function_call_output` items as tool messages, `reasoning` items as the next assistant
+turn's `reasoning`), function `tools`, `tool_choice`, `text.format`
 as `response_format`, `max_output_tokens` as `max_tokens`. The chat completion becomes a
 `response` object: a `message` item for text, a `function_call` item per call. Nothing is
 stored: `previous_response_id` and `conversation` are 400s, and the response says
@@ -24,7 +25,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from app.api.errors import ApiError, describe_validation_errors, validated
 from app.api.limits import json_object_body
-from app.openai_models import ChatCompletionRequest, OooSpecOptions
+from app.openai_models import (
+    SEED_MAX,
+    SEED_MIN,
+    ChatCompletionRequest,
+    OooSpecOptions,
+    ReasoningEffort,
+    SamplingFields,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +85,44 @@ class FunctionCallOutputItem(_Item):
         return "".join(p.text or "" for p in self.output)
 
 
-InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem
+class ReasoningPart(_Item):
+    type: Literal["reasoning_text", "summary_text"]
+    text: str
+
+
+class ReasoningItem(_Item):
+    """An earlier turn's thinking, sent back by the client: the chat template of the next
+    assistant turn gets it as that turn's `reasoning` (app/formats/chat_prompt.py)."""
+
+    type: Literal["reasoning"]
+    summary: list[ReasoningPart] = Field(default_factory=list)
+    content: list[ReasoningPart] | None = None
+
+    def text(self) -> str:
+        # The thinking itself when the client kept it, else its summary (as vLLM reads it).
+        parts = self.content if self.content else self.summary
+        return "".join(p.text for p in parts)
+
+
+class CustomToolCallItem(_Item):
+    """A call of a `custom` (free-form) tool: its `input` is the text the model wrote."""
+
+    type: Literal["custom_tool_call"]
+    call_id: str
+    name: str
+    input: str
+
+    def arguments(self) -> str:
+        # The function shim the model saw the tool as (`custom_tool_function`).
+        return json.dumps({CUSTOM_TOOL_INPUT_KEY: self.input}, ensure_ascii=False)
+
+
+class CustomToolCallOutputItem(FunctionCallOutputItem):
+    type: Literal["custom_tool_call_output"]  # type: ignore[assignment]
+
+
+InputItem = (MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
+             | CustomToolCallItem | CustomToolCallOutputItem)
 
 
 class FunctionTool(BaseModel):
@@ -90,11 +135,80 @@ class FunctionTool(BaseModel):
     strict: bool | None = None
 
 
+# vLLM's shim for a free-form `custom` tool (vllm/tool_parsers/utils.py): the model sees a
+# function with one string parameter, and its call's `input` is that string.
+CUSTOM_TOOL_INPUT_KEY = "input"
+
+
+class CustomFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text", "grammar"]
+    syntax: Literal["lark", "regex"] | None = None
+    definition: str | None = None
+
+
+class CustomTool(BaseModel):
+    """A free-form tool (as Codex's `apply_patch`): the model writes its input as text."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["custom"]
+    name: str
+    description: str | None = None
+    format: CustomFormat | None = None
+
+    @model_validator(mode="after")
+    def _free_form_only(self) -> CustomTool:
+        if self.format is not None and self.format.type == "grammar":
+            # vLLM 0.32 refuses these too (its ResponsesRequest.check_custom_tool_format).
+            raise ValueError(f"custom tool '{self.name}' has a {self.format.syntax or ''} "
+                             "grammar format: grammar-constrained custom tools are not "
+                             "supported (vLLM's Responses server refuses them too); give it "
+                             "format {'type': 'text'} or make it a function tool with a JSON "
+                             "schema")
+        return self
+
+    def function(self) -> dict[str, Any]:
+        """The chat tool it is shown to the model as (vLLM's `custom_tool_as_function_dict`)."""
+        return {"name": self.name, "description": self.description, "parameters": {
+            "type": "object",
+            "properties": {CUSTOM_TOOL_INPUT_KEY: {
+                "type": "string", "description": "The freeform text payload for this tool."}},
+            "required": [CUSTOM_TOOL_INPUT_KEY], "additionalProperties": False}}
+
+
 class FunctionChoice(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    type: Literal["function"]
+    type: Literal["function", "custom"]
     name: str
+
+
+class ReasoningOptions(BaseModel):
+    """`reasoning`: `effort` is the chat template's thinking switch (as chat's
+    `reasoning_effort`); a thinking model's reasoning comes back as a `reasoning` item with
+    its text as `content` and no summary (nothing summarises it, as in vLLM)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    effort: ReasoningEffort | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None  # its old name
+
+
+# `include` values: the one answered, and why each other one is refused.
+INCLUDE_ANSWERED = frozenset({"reasoning.encrypted_content"})
+INCLUDE_REFUSED = {
+    "message.output_text.logprobs": "logprobs are served on /v1/chat/completions and "
+    "/v1/completions, not on /v1/responses",
+    "message.input_image.image_url": "image inputs are not supported (a text model)",
+    "computer_call_output.output.image_url": "built-in tools are not supported",
+    "file_search_call.results": "built-in tools are not supported",
+    "web_search_call.results": "built-in tools are not supported",
+    "web_search_call.action.sources": "built-in tools are not supported",
+    "code_interpreter_call.outputs": "built-in tools are not supported",
+}
 
 
 class TextFormat(BaseModel):
@@ -114,13 +228,14 @@ class TextOptions(BaseModel):
     verbosity: Literal["low", "medium", "high"] | None = None
 
 
-class ResponsesRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ResponsesRequest(SamplingFields):
+    """OpenAI's Responses request, stateless, with vLLM's sampling extras (`SamplingFields`:
+    `prompt_cache_key` and `session_id` are the cache-affinity key)."""
 
     model: str | None = None
     input: str | list[dict[str, Any]]
     instructions: str | None = None
-    tools: list[FunctionTool] | None = None
+    tools: list[FunctionTool | CustomTool] | None = None
     tool_choice: Literal["auto", "none", "required"] | FunctionChoice | None = None
     parallel_tool_calls: bool | None = None
     temperature: float | None = Field(None, ge=0, le=2)
@@ -128,7 +243,7 @@ class ResponsesRequest(BaseModel):
     max_output_tokens: int | None = Field(None, ge=1)
     stream: bool = False
     text: TextOptions | None = None
-    # Accepted, and nothing is stored either way (the response says `store: false`).
+    # Nothing is stored: `false` (Codex's) accepted, `true` a 400 (the response says false).
     store: bool | None = None
     metadata: dict[str, str] | None = None
     user: str | None = None
@@ -137,7 +252,8 @@ class ResponsesRequest(BaseModel):
     # Refused with a clear message below when set.
     previous_response_id: str | None = None
     conversation: Any = None
-    reasoning: dict[str, Any] | None = None
+    reasoning: ReasoningOptions | None = None
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     ooo_spec: OooSpecOptions = Field(default_factory=OooSpecOptions)
 
     @model_validator(mode="after")
@@ -146,11 +262,19 @@ class ResponsesRequest(BaseModel):
             raise ValueError("stored responses are not supported: this server keeps no state; "
                              "send the whole conversation in 'input' (previous_response_id "
                              "and conversation must be unset)")
-        if self.reasoning:
-            raise ValueError("'reasoning' is not supported: the served model does not reason")
-        if self.include:
-            raise ValueError(f"'include' is not supported (got {self.include})")
+        if self.store:
+            raise ValueError("'store: true' is not supported: this server stores no response; "
+                             "send store: false and the whole conversation in 'input'")
+        for value in self.include or []:
+            if value not in INCLUDE_ANSWERED:
+                reason = INCLUDE_REFUSED.get(value, "not a value this server knows")
+                raise ValueError(f"include '{value}' is not supported: {reason}; supported: "
+                                 f"{', '.join(sorted(INCLUDE_ANSWERED))}")
         return self
+
+    @property
+    def custom_tool_names(self) -> frozenset[str]:
+        return frozenset(t.name for t in self.tools or [] if isinstance(t, CustomTool))
 
 
 def parse_responses_request(body: bytes, max_bytes: int) -> ResponsesRequest:
@@ -167,9 +291,16 @@ def _item(raw: dict[str, Any], index: int) -> InputItem:
         model = FunctionCallItem
     elif kind == "function_call_output":
         model = FunctionCallOutputItem
+    elif kind == "reasoning":
+        model = ReasoningItem
+    elif kind == "custom_tool_call":
+        model = CustomToolCallItem
+    elif kind == "custom_tool_call_output":
+        model = CustomToolCallOutputItem
     else:
         raise ApiError(400, f"input[{index}] has type '{kind}'; supported: message, "
-                       "function_call, function_call_output", param=f"input[{index}]")
+                       "function_call, function_call_output, reasoning, custom_tool_call, "
+                       "custom_tool_call_output", param=f"input[{index}]")
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
@@ -184,21 +315,32 @@ def chat_messages(request: ResponsesRequest) -> list[dict[str, Any]]:
         messages.append({"role": "system", "content": request.instructions})
     if isinstance(request.input, str):
         return [*messages, {"role": "user", "content": request.input}]
+    thought: str | None = None  # a reasoning item's text, for the assistant turn after it
     for index, raw in enumerate(request.input):
         item = _item(raw, index)
+        if isinstance(item, ReasoningItem):
+            thought = (thought or "") + item.text()
+            continue
         if isinstance(item, MessageItem):
             messages.append({"role": item.role, "content": item.text()})
-        elif isinstance(item, FunctionCallItem):
+        elif isinstance(item, FunctionCallItem | CustomToolCallItem):
+            arguments = (item.arguments() if isinstance(item, CustomToolCallItem)
+                         else item.arguments)
             call = {"id": item.call_id, "type": "function",
-                    "function": {"name": item.name, "arguments": item.arguments}}
+                    "function": {"name": item.name, "arguments": arguments}}
             last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant" and "tool_calls" in last:
+            if (last is not None and last["role"] == "assistant" and "tool_calls" in last
+                    and thought is None):
                 last["tool_calls"].append(call)  # parallel calls: one assistant turn
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         else:
             messages.append({"role": "tool", "tool_call_id": item.call_id,
                              "content": item.text()})
+        if thought is not None and messages[-1]["role"] == "assistant":
+            messages[-1]["reasoning"] = thought
+        if messages and messages[-1]["role"] != "tool":
+            thought = None  # thinking belongs to the assistant turn right after it
     if not messages:
         raise ApiError(400, "'input' has no items", param="input")
     return messages
@@ -213,10 +355,16 @@ def to_chat_request(request: ResponsesRequest) -> ChatCompletionRequest:
         "parallel_tool_calls": request.parallel_tool_calls,
         "ooo_spec": request.ooo_spec.model_dump(),
         "stream": request.stream,
+        "seed": request.seed,
+        **request.sampling_field_values(),
     }
+    effort = request.reasoning.effort if request.reasoning is not None else None
+    if effort is not None:
+        data["reasoning_effort"] = effort
     if request.tools:
-        data["tools"] = [{"type": "function", "function": t.model_dump(
-            exclude={"type"}, exclude_none=True)} for t in request.tools]
+        data["tools"] = [{"type": "function", "function": (
+            t.function() if isinstance(t, CustomTool)
+            else t.model_dump(exclude={"type"}, exclude_none=True))} for t in request.tools]
     choice = request.tool_choice
     if isinstance(choice, FunctionChoice):
         data["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
@@ -241,10 +389,39 @@ def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
             "content": content if text or status == "completed" else []}
 
 
-def _call_item(call: dict[str, Any], status: str = "completed") -> dict[str, Any]:
+def _call_item(call: dict[str, Any], status: str = "completed",
+               custom: frozenset[str] = frozenset()) -> dict[str, Any]:
+    name = call["function"]["name"]
+    if name in custom:  # a free-form tool's call: its input, as vLLM decodes the shim
+        return {"type": "custom_tool_call", "id": f"ctc_{call['id'].removeprefix('call_')}",
+                "call_id": call["id"], "name": name,
+                "input": _custom_input(call["function"]["arguments"]), "status": status}
     return {"type": "function_call", "id": f"fc_{call['id'].removeprefix('call_')}",
-            "call_id": call["id"], "name": call["function"]["name"],
+            "call_id": call["id"], "name": name,
             "arguments": call["function"]["arguments"], "status": status}
+
+
+def _custom_input(arguments: str) -> str:
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return arguments
+    payload = value.get(CUSTOM_TOOL_INPUT_KEY) if isinstance(value, dict) else None
+    return payload if isinstance(payload, str) else arguments
+
+
+def _reasoning_item(text: str, item_id: str | None = None) -> dict[str, Any]:
+    """A thinking model's reasoning, as vLLM's Responses server writes it; nothing is
+    encrypted or stored, so `encrypted_content` (`include`) is always null."""
+    return {"type": "reasoning", "id": item_id or f"rs_{uuid.uuid4().hex}", "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}],
+            "encrypted_content": None, "status": "completed"}
+
+
+def message_reasoning(message: dict[str, Any]) -> str | None:
+    """The reasoning of a chat completion's message (vLLM 0.32 names it `reasoning`)."""
+    text = message.get("reasoning") or message.get("reasoning_content")
+    return text if isinstance(text, str) and text else None
 
 
 class ResponseBuilder:
@@ -265,6 +442,9 @@ class ResponseBuilder:
             "status": status, "model": self.model, "output": output,
             "instructions": self.request.instructions,
             "tools": [t.model_dump(exclude_none=True) for t in self.request.tools or []],
+            "reasoning": (self.request.reasoning.model_dump(exclude_none=True)
+                          if self.request.reasoning is not None else None),
+            "prompt_cache_key": self.request.prompt_cache_key,
             "tool_choice": (self.request.tool_choice.model_dump()
                             if isinstance(self.request.tool_choice, FunctionChoice)
                             else self.request.tool_choice or "auto"),
@@ -292,15 +472,22 @@ class ResponseBuilder:
             body["ooo_spec"] = completion["ooo_spec"]
         return body
 
-    def final(self, completion: dict[str, Any], message_id: str | None = None
-              ) -> dict[str, Any]:
+    def final(self, completion: dict[str, Any], message_id: str | None = None,
+              reasoning: bool = True, reasoning_id: str | None = None) -> dict[str, Any]:
+        """`reasoning`: false when a stream already sent the thinking as the message's text
+        (no tools held it back): then it is not an item of its own either."""
         choice = completion["choices"][0]
         message = choice["message"]
         output: list[dict[str, Any]] = []
+        thought = message_reasoning(message) if reasoning else None
+        if thought is not None:
+            output.append(_reasoning_item(thought, reasoning_id))
         if message.get("content"):
             output.append(_message_item(message_id or f"msg_{uuid.uuid4().hex}",
                                         message["content"], "completed"))
-        output.extend(_call_item(call) for call in message.get("tool_calls") or [])
+        custom = self.request.custom_tool_names
+        output.extend(_call_item(call, custom=custom)
+                      for call in message.get("tool_calls") or [])
         status = "incomplete" if choice["finish_reason"] == "length" else "completed"
         return self.body(status, output, completion)
 
@@ -326,6 +513,8 @@ async def stream_events(
         return f"event: {kind}\ndata: {json.dumps(body, ensure_ascii=False)}\n\n"
 
     hold_text = chat_request.effective_tool_choice != "none"
+    at = 0  # the message's output index: 1 behind a reasoning item
+    reasoning_id = f"rs_{uuid.uuid4().hex}"
     message_id = f"msg_{uuid.uuid4().hex}"
     text = ""
     opened = False
@@ -333,9 +522,9 @@ async def stream_events(
 
     def open_message() -> list[str]:
         return [
-            event("response.output_item.added", output_index=0,
+            event("response.output_item.added", output_index=at,
                   item=_message_item(message_id, "", "in_progress")),
-            event("response.content_part.added", item_id=message_id, output_index=0,
+            event("response.content_part.added", item_id=message_id, output_index=at,
                   content_index=0, part={"type": "output_text", "text": "",
                                          "annotations": [], "logprobs": []}),
         ]
@@ -343,11 +532,11 @@ async def stream_events(
     def close_message() -> list[str]:
         part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
         return [
-            event("response.output_text.done", item_id=message_id, output_index=0,
+            event("response.output_text.done", item_id=message_id, output_index=at,
                   content_index=0, text=text, logprobs=[]),
-            event("response.content_part.done", item_id=message_id, output_index=0,
+            event("response.content_part.done", item_id=message_id, output_index=at,
                   content_index=0, part=part),
-            event("response.output_item.done", output_index=0,
+            event("response.output_item.done", output_index=at,
                   item=_message_item(message_id, text, "completed")),
         ]
 
@@ -363,23 +552,46 @@ async def stream_events(
                         yield line
                     opened = True
                 text += item["text"]
-                yield event("response.output_text.delta", item_id=message_id, output_index=0,
+                yield event("response.output_text.delta", item_id=message_id, output_index=at,
                             content_index=0, delta=item["text"], logprobs=[])
                 continue
             message = item["choices"][0]["message"]
+            streamed_raw = opened  # the thinking, if any, went out as the message's text
+            thought = None if opened else message_reasoning(message)
+            if thought is not None:
+                done = _reasoning_item(thought, reasoning_id)
+                yield event("response.output_item.added", output_index=0,
+                            item={**done, "content": [], "status": "in_progress"})
+                yield event("response.reasoning_text.delta", item_id=done["id"], output_index=0,
+                            content_index=0, delta=thought)
+                yield event("response.reasoning_text.done", item_id=done["id"], output_index=0,
+                            content_index=0, text=thought)
+                yield event("response.output_item.done", output_index=0, item=done)
+                at = index = 1
             if hold_text and message.get("content"):
                 text = message["content"]
                 for line in open_message():
                     yield line
                 opened = True
-                yield event("response.output_text.delta", item_id=message_id, output_index=0,
+                yield event("response.output_text.delta", item_id=message_id, output_index=at,
                             content_index=0, delta=text, logprobs=[])
             if opened:
                 for line in close_message():
                     yield line
-                index = 1
+                index = at + 1
+            custom = request.custom_tool_names
             for call in message.get("tool_calls") or []:
-                done = _call_item(call)
+                done = _call_item(call, custom=custom)
+                if done["type"] == "custom_tool_call":
+                    yield event("response.output_item.added", output_index=index,
+                                item={**done, "input": "", "status": "in_progress"})
+                    yield event("response.custom_tool_call_input.delta", item_id=done["id"],
+                                output_index=index, delta=done["input"])
+                    yield event("response.custom_tool_call_input.done", item_id=done["id"],
+                                output_index=index, input=done["input"])
+                    yield event("response.output_item.done", output_index=index, item=done)
+                    index += 1
+                    continue
                 yield event("response.output_item.added", output_index=index,
                             item={**done, "arguments": "", "status": "in_progress"})
                 yield event("response.function_call_arguments.delta", item_id=done["id"],
@@ -389,7 +601,8 @@ async def stream_events(
                             name=done["name"])
                 yield event("response.output_item.done", output_index=index, item=done)
                 index += 1
-            final = builder.final(item, message_id)
+            final = builder.final(item, message_id, reasoning=not streamed_raw,
+                                  reasoning_id=reasoning_id)
             yield event(f"response.{final['status']}", response=final)
     except ApiError as err:
         body = err.body()["error"]

@@ -62,8 +62,11 @@ def output_stream(
     request: ChatCompletionRequest,
     tool_format: ToolFormat,
     reasoning_parser: ReasoningParserName | None,
+    forced_in_format: bool = False,
 ) -> OutputStream | None:
-    """How one choice's output is read as it streams; None: held back until the end."""
+    """How one choice's output is read as it streams; None: held back until the end.
+    `forced_in_format`: a forced call is written in the model's own format (a structural tag,
+    app/formats/structural_tag.py), so it is read as the format's calls, not as JSON."""
     if request.ooo_spec.execute_tools:
         return None
     mode = request.effective_tool_choice
@@ -71,7 +74,9 @@ def output_stream(
     # JSON from the first token, no room to think.
     reasoning = Reasoning.for_request(reasoning_parser, request.chat_template_kwargs) if (
         mode in ("auto", "none") and request.output_schema is None) else None
-    return OutputStream(mode, tool_format, reasoning)
+    if forced_in_format and mode in ("required", "named"):
+        mode = "auto"  # the format's calls from the first token, as a free call is read
+    return OutputStream(mode, tool_format, reasoning, request.tool_dicts() or None)
 
 
 @dataclass
@@ -208,6 +213,23 @@ async def _choice_chunks(
         yield "end", event
 
 
+def choice_chunks(
+    request: ChatCompletionRequest,
+    events: Events,
+    model: str,
+    tool_format: ToolFormat | None = None,
+    reasoning_parser: ReasoningParserName | None = None,
+    forced_in_format: bool = False,
+) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    """One choice's chat chunks as `stream_sse` reads them, before they become SSE: what
+    another wire format is translated from (the Messages API's events, app/api/messages.py).
+    ('chunk', chunk) per delta, ('finish', finish chunk), ('end', completion)."""
+    head = (f"chatcmpl-{uuid.uuid4().hex}", model, int(time.time()))
+    fmt = tool_format if tool_format is not None else get_format("hermes")
+    return _choice_chunks(request, events, head,
+                          output_stream(request, fmt, reasoning_parser, forced_in_format))
+
+
 async def _merged(
     streams: Sequence[AsyncIterator[tuple[str, dict[str, Any]]]],
 ) -> AsyncIterator[tuple[int, str, dict[str, Any]]]:
@@ -250,6 +272,7 @@ async def stream_sse(
     model: str,
     tool_format: ToolFormat | None = None,
     reasoning_parser: ReasoningParserName | None = None,
+    forced_in_format: bool = False,
 ) -> AsyncIterator[str]:
     """OpenAI SSE (see the module docstring). `events`: one choice's events, or one per
     choice (`n` > 1); `tool_format` and `reasoning_parser`: the main model's
@@ -262,7 +285,8 @@ async def stream_sse(
     ends: list[dict[str, Any]] = []
     fmt = tool_format if tool_format is not None else get_format("hermes")
     try:
-        choices = [_choice_chunks(request, s, head, output_stream(request, fmt, reasoning_parser))
+        choices = [_choice_chunks(request, s, head,
+                                  output_stream(request, fmt, reasoning_parser, forced_in_format))
                    for s in streams]
         async for index, kind, item in _merged(choices):
             item["choices"] = [{**c, "index": index} for c in item.get("choices", [])]

@@ -1,5 +1,5 @@
 """BFCL v4 cases as OpenAI chat requests: the dataset the benchmark measures on
-(`load_tests/bench.py`, which scores calls with `load_tests/bfcl.py`) and the sidecar's
+(`load_tests/bench/`, which scores calls with `load_tests/bfcl.py`) and the sidecar's
 distillation collects from (`app/distill/collect.py`, on categories the benchmark does not
 measure). Here, in the product, so the distillation never imports its benchmark.
 

@@ -3,7 +3,7 @@
 Each case goes through `MainModelService` in-process, `prepare` then `run`, exactly as the
 MainModel deployment serves a request with `ooo_spec.enabled: false` (plain decoding): the
 same chat template, forced-call grammar and sampling. The request is the one the benchmark
-sends (`load_tests/bench.py`: `tool_choice: required`, temperature 0, max_tokens 256, one
+sends (`load_tests/bench/`: `tool_choice: required`, temperature 0, max_tokens 256, one
 call), so the calls collected are the calls the sidecar is later measured against, on other
 questions. Outputs cut short by max_tokens commit no call and are left out.
 

@@ -100,7 +100,15 @@ def best_position(
 
 
 def prompt_lookup(tokens: Sequence[int] | np.ndarray, k: int, min_n: int, max_n: int) -> list[int]:
-    """vLLM-style n-gram prompt lookup over one request's own tokens (prompt + output).
+    """vLLM-style n-gram prompt lookup's draft (`prompt_lookup_match`)."""
+    return prompt_lookup_match(tokens, k, min_n, max_n)[1]
+
+
+def prompt_lookup_match(
+    tokens: Sequence[int] | np.ndarray, k: int, min_n: int, max_n: int
+) -> tuple[int, list[int]]:
+    """vLLM-style n-gram prompt lookup over one request's own tokens (prompt + output): the
+    n it matched (0: none) and the draft.
 
     Finds the most recent earlier occurrence of the last n tokens (n from `max_n` down to
     `min_n`) and proposes what followed it (`continuation`: copied on where it runs into the
@@ -115,8 +123,8 @@ def prompt_lookup(tokens: Sequence[int] | np.ndarray, k: int, min_n: int, max_n:
             break
         follow = tail_follow(seq, data, n, k)
         if follow is not None:
-            return follow
-    return []
+            return n, follow
+    return 0, []
 
 
 def tail_follow(seq: np.ndarray, data: bytes, n: int, k: int) -> list[int] | None:

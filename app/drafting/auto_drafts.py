@@ -19,6 +19,11 @@ The proposer asks `AutoDrafts.candidates` on the engine's step thread with the t
 so far, so a phase change takes effect at the very next draft; the serving thread only hands
 predictions in. Candidate lists are rebuilt only when the phase, its anchor or the predictions
 change: the proposer keeps its place in a list while the list stays the same object.
+
+A tensor-parallel engine's proposer runs in another process: there a copy of the gate follows
+the replica's through `GateState` (plain data: the format's name, the reasoning parser, the
+schema drafts, the predictions and their sources; `version` changes with any of them), which
+`app/drafting/candidate_channel.py` sends only when the version moved.
 """
 
 from __future__ import annotations
@@ -29,10 +34,24 @@ from dataclasses import dataclass
 from typing import Literal
 
 from app.formats.reasoning import Reasoning
+from app.formats.tool_formats import get_format
 from app.formats.tool_formats.base import ToolFormat
 from app.speculation.draft_sources import DraftSource
 
 PhaseKind = Literal["thinking", "open", "diverged", "call"]
+
+
+@dataclass(frozen=True)
+class GateState:
+    """An `AutoDrafts`' inputs as plain (picklable) data."""
+
+    format: str
+    reasoning: Reasoning | None
+    schema: tuple[str, ...]
+    predicted: tuple[str, ...]
+    sources: tuple[tuple[str, DraftSource], ...]
+    no_call: bool
+    version: int
 
 
 @dataclass(frozen=True)
@@ -82,8 +101,8 @@ class AutoDrafts:
         self.format = fmt
         # Only a thinking request waits for its reasoning to close.
         self.reasoning = reasoning if reasoning is not None and reasoning.thinking else None
-        self.schema = list(schema)
         self._lock = threading.Lock()
+        self._schema = list(schema)
         self._predicted: list[str] = []
         self._no_call = False
         self._version = 0
@@ -92,6 +111,46 @@ class AutoDrafts:
         # source); schema texts are the schema's.
         self._sources: dict[str, DraftSource] = {}
         self._built_sources: dict[str, DraftSource] = {}
+
+    @property
+    def schema(self) -> list[str]:
+        return self._schema
+
+    @schema.setter
+    def schema(self, texts: list[str]) -> None:
+        """The schema drafts (set once the request's tools are rendered)."""
+        with self._lock:
+            self._schema = list(texts)
+            self._version += 1
+
+    @property
+    def version(self) -> int:
+        """Moves whenever the predictions, `no_call` or the schema drafts change."""
+        with self._lock:
+            return self._version
+
+    def state(self) -> GateState:
+        with self._lock:
+            return GateState(self.format.name, self.reasoning, tuple(self._schema),
+                             tuple(self._predicted), tuple(self._sources.items()),
+                             self._no_call, self._version)
+
+    @classmethod
+    def from_state(cls, state: GateState) -> AutoDrafts:
+        """A copy of the gate whose `state()` this is (in another process)."""
+        gate = cls(get_format(state.format), state.reasoning, list(state.schema))
+        gate.restore(state)
+        return gate
+
+    def restore(self, state: GateState) -> None:
+        """Take the inputs of `state` (a newer state of the gate this copies). The candidate
+        lists built so far stay valid while `state.version` is the one they were built at."""
+        with self._lock:
+            self._schema = list(state.schema)
+            self._predicted = list(state.predicted)
+            self._sources = dict(state.sources)
+            self._no_call = state.no_call
+            self._version = state.version
 
     def predicted(self, texts: list[str], source: DraftSource = "sidecar") -> None:
         """Rendered predicted calls (the sidecar's, history's); newer ones first, as the store
@@ -123,6 +182,7 @@ class AutoDrafts:
             opening = [] if self._no_call else predicted
             version = self._version
             cached = self._cached
+            schema = self._schema
         now = phase(text, self.format, self.reasoning, opening)
         if now.kind in ("thinking", "diverged"):
             return []
@@ -130,7 +190,7 @@ class AutoDrafts:
         if cached is not None and cached[0] == key:
             return cached[1]
         prefix = text[: now.anchor]
-        texts = opening if now.kind == "open" else [*predicted, *self.schema]
+        texts = opening if now.kind == "open" else [*predicted, *schema]
         built = [prefix + t for t in dict.fromkeys(texts)]
         with self._lock:
             self._cached = (key, built)

@@ -10,10 +10,20 @@ through a `RemoteStore`, from a `StoreServer` the replica runs on a Unix socket 
 local to the node, which `placement.py` guarantees); the other ranks' proposers stay unbound and
 draft nothing, which vLLM discards anyway.
 
-What crosses: each request's enabled flag, candidate texts and their sources, `realign`; the
-proposer's accounting (drafted, paused, settled) goes back. What does not: the auto-mode gate
-(`RequestSpeculation.gate`) and the tenant's suffix index, live objects of the replica; a
-tensor-parallel engine drafts from the candidates and prompt lookup only.
+What crosses, once per engine step and in one exchange for all rows: the proposer names the
+requests it will read (`RemoteStore.begin_step`), each with the version of the copy it holds;
+the server answers with a snapshot of each request whose entry moved since (enabled flag,
+candidate texts and their sources, `realign`, and the auto-mode gate's state:
+`auto_drafts.GateState`) and the requests that are gone. An unchanged request keeps its copy,
+the same objects as before, so the proposer's alignment keeps its place in the candidates; a
+changed gate is restored into the same copy, whose candidate lists are rebuilt only when its
+version moved. The proposer's accounting (drafted, paused, settled) is buffered over the step
+and sent at its end without waiting for an answer (`RemoteStore.end_step`); the server applies it
+before it reads the next step's request, the connection keeping their order.
+
+What does not cross: the tenant's suffix index (`RequestSpeculation.suffix`), a live and growing
+object of the replica: a tensor-parallel engine drafts from the candidates (sidecar, history,
+schemas, in every `tool_choice` mode) and prompt lookup, not from the `suffix` source.
 """
 
 from __future__ import annotations
@@ -22,22 +32,62 @@ import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import partial
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection, Listener
-from typing import Any
+from typing import Any, Literal
 
-from app.drafting.candidate_store import CandidateStore, RequestSpeculation
+from app.drafting.auto_drafts import AutoDrafts, GateState
+from app.drafting.candidate_store import CandidateStore, ProposerStore, RequestSpeculation
 from app.speculation.draft_sources import DraftSource, SourceTally
 
-# (enabled, candidates, candidate_sources, realign)
-Snapshot = tuple[bool, list[str], dict[str, DraftSource], bool]
+Version = tuple[int, int]  # (the entry's, its gate's or -1)
 
 
-def snapshot(entry: RequestSpeculation | None) -> Snapshot | None:
-    if entry is None:
-        return None
-    return (entry.enabled, list(entry.candidates), dict(entry.candidate_sources), entry.realign)
+@dataclass(frozen=True)
+class Snapshot:
+    """One request's entry as plain data, as the output rank's proposer reads it."""
+
+    version: Version
+    enabled: bool
+    candidates: tuple[str, ...]
+    candidate_sources: tuple[tuple[str, DraftSource], ...]
+    realign: bool
+    gate: GateState | None
+
+
+def version_of(entry: RequestSpeculation) -> Version:
+    return (entry.version, entry.gate.version if entry.gate is not None else -1)
+
+
+def snapshot(entry: RequestSpeculation) -> Snapshot:
+    return Snapshot(version_of(entry), entry.enabled, tuple(entry.candidates),
+                    tuple(entry.candidate_sources.items()), entry.realign,
+                    entry.gate.state() if entry.gate is not None else None)
+
+
+def changed(store: CandidateStore, known: list[tuple[str, Version | None]]
+            ) -> list[tuple[str, Snapshot | None]]:
+    """The requests of `known` whose entry is not at the version the reader holds: a snapshot
+    of each, or None where the request is gone (and the reader held it)."""
+    answer: list[tuple[str, Snapshot | None]] = []
+    for request_id, held in known:
+        current = store.read(request_id, partial(_if_moved, held))
+        if current is None:
+            if held is not None:
+                answer.append((request_id, None))
+        elif isinstance(current, Snapshot):
+            answer.append((request_id, current))
+    return answer
+
+
+_SAME = "same"
+
+
+def _if_moved(held: Version | None, entry: RequestSpeculation) -> Snapshot | str:
+    return _SAME if version_of(entry) == held else snapshot(entry)
 
 
 class StoreServer:
@@ -50,6 +100,9 @@ class StoreServer:
         self.address = os.path.join(self._dir, "store.sock")
         self._listener = Listener(self.address, family="AF_UNIX", authkey=self.authkey)
         self._closed = threading.Event()
+        # Fetches answered (one per engine step of the output rank), and record batches taken.
+        self.exchanges = 0
+        self.record_batches = 0
         self._thread = threading.Thread(target=self._accept, name="candidate-store-server",
                                         daemon=True)
         self._thread.start()
@@ -67,24 +120,26 @@ class StoreServer:
         with connection:
             while True:
                 try:
-                    message = connection.recv()
+                    kind, payload = connection.recv()
                 except (EOFError, OSError):
                     return
-                connection.send(self._handle(message))
+                if kind == "fetch":
+                    self.exchanges += 1
+                    connection.send(changed(self.store, payload))
+                elif kind == "records":  # one-way: nothing is sent back
+                    self.record_batches += 1
+                    self._record(payload)
+                else:
+                    raise ValueError(f"unknown candidate store message {kind!r}")
 
-    def _handle(self, message: tuple[Any, ...]) -> Any:
-        kind, request_id, *rest = message
-        if kind == "get":
-            return snapshot(self.store.get(request_id))
-        if kind == "record_draft":
-            self.store.record_draft(request_id, *rest)
-        elif kind == "record_pause":
-            self.store.record_pause(request_id)
-        elif kind == "record_settled":
-            self.store.record_settled(request_id, *rest)
-        else:
-            raise ValueError(f"unknown candidate store message {kind!r}")
-        return None
+    def _record(self, records: list[Record]) -> None:
+        for kind, request_id, args in records:
+            if kind == "draft":
+                self.store.record_draft(request_id, *args)
+            elif kind == "pause":
+                self.store.record_pause(request_id)
+            elif kind == "settled":
+                self.store.record_settled(request_id, *args)
 
     def close(self) -> None:
         self._closed.set()
@@ -92,39 +147,94 @@ class StoreServer:
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
+# (what, request id, its arguments): the proposer's accounting, applied in order.
+Record = tuple[Literal["draft", "pause", "settled"], str, tuple[Any, ...]]
+
+
 class RemoteStore:
-    """What the proposer calls on its store, answered by a `StoreServer` in another process."""
+    """The store as the output rank's proposer sees it (`ProposerStore`): copies of the entries
+    it reads, refreshed once per step by one exchange with a `StoreServer` in another
+    process."""
 
     def __init__(self, address: str, authkey: bytes) -> None:
         self._connection = Client(address, family="AF_UNIX", authkey=authkey)
         self._lock = threading.Lock()
         # Set by CandidateProposer.bind; candidates are tokenized on first use here instead.
         self.prepare: Callable[[list[str]], None] | None = None
+        # The copies, with the version each was taken at; only those asked for last step.
+        self._copies: dict[str, tuple[Version, RequestSpeculation]] = {}
+        self._gone: set[str] = set()
+        self._records: list[Record] = []
 
-    def _call(self, *message: Any) -> Any:
+    def _fetch(self, known: list[tuple[str, Version | None]]
+               ) -> list[tuple[str, Snapshot | None]]:
         with self._lock:
-            self._connection.send(message)
-            return self._connection.recv()
+            self._connection.send(("fetch", known))
+            answer: list[tuple[str, Snapshot | None]] = self._connection.recv()
+            return answer
+
+    def begin_step(self, request_ids: Iterable[str]) -> None:
+        """Refresh the copies of `request_ids` (one exchange); the others are dropped."""
+        ids = list(request_ids)
+        held = self._copies
+        self._copies = {r: held[r] for r in ids if r in held}
+        self._gone = set()
+        if not ids:
+            return
+        for request_id, found in self._fetch(
+                [(r, held[r][0] if r in held else None) for r in ids]):
+            if found is None:
+                self._copies.pop(request_id, None)
+            else:
+                copy = self._copies.get(request_id)
+                self._copies[request_id] = (found.version,
+                                            _apply(found, copy[1] if copy else None))
+        self._gone = {r for r in ids if r not in self._copies}
 
     def get(self, request_id: str) -> RequestSpeculation | None:
-        found: Snapshot | None = self._call("get", request_id)
-        if found is None:
-            return None
-        enabled, candidates, sources, realign = found
-        return RequestSpeculation(enabled=enabled, candidates=candidates,
-                                  candidate_sources=sources, realign=realign)
+        if request_id not in self._copies and request_id not in self._gone:
+            self.begin_step([*self._copies, request_id])  # outside a step: fetch it now
+        copy = self._copies.get(request_id)
+        return None if copy is None else copy[1]
 
     def record_draft(self, request_id: str, drafted: int, source: DraftSource = "sidecar") -> None:
-        self._call("record_draft", request_id, drafted, source)
+        self._records.append(("draft", request_id, (drafted, source)))
 
     def record_pause(self, request_id: str) -> None:
-        self._call("record_pause", request_id)
+        self._records.append(("pause", request_id, ()))
 
     def record_settled(self, request_id: str, source: DraftSource, earned: SourceTally) -> None:
-        self._call("record_settled", request_id, source, earned)
+        self._records.append(("settled", request_id, (source, earned)))
+
+    def end_step(self) -> None:
+        """Send the step's accounting, without waiting for an answer."""
+        if not self._records:
+            return
+        records, self._records = self._records, []
+        with self._lock:
+            self._connection.send(("records", records))
 
     def close(self) -> None:
+        self.end_step()
         self._connection.close()
+
+
+def _apply(found: Snapshot, copy: RequestSpeculation | None) -> RequestSpeculation:
+    """The copy of an entry after `found`: new candidate lists only where they changed, the
+    gate's copy restored in place."""
+    candidates = list(found.candidates)
+    gate = copy.gate if copy is not None else None
+    if found.gate is None:
+        gate = None
+    elif gate is None:
+        gate = AutoDrafts.from_state(found.gate)
+    else:
+        gate.restore(found.gate)
+    if copy is not None and copy.candidates == candidates:
+        candidates = copy.candidates  # the alignment's anchor refers to this list
+    return RequestSpeculation(enabled=found.enabled, candidates=candidates,
+                              candidate_sources=dict(found.candidate_sources),
+                              realign=found.realign, gate=gate)
 
 
 def is_output_rank(worker: Any) -> bool:
@@ -156,7 +266,7 @@ def bind_remote_proposer(
         return False
     if not is_output_rank(worker):
         return True
-    store: Any = RemoteStore(address, authkey)
+    store: ProposerStore = RemoteStore(address, authkey)
     drafter.bind(store, runner, tokenizer, prompt_lookup_fallback, lookup_min, lookup_max,
                  policy)
     return True

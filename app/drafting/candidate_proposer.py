@@ -17,20 +17,26 @@ batch-invariant kernels (`engine.batch_invariant`; docs/speculation.md).
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
 
-from app.drafting.alignment import prompt_lookup
-from app.drafting.candidate_store import CandidateStore, RequestSpeculation
-from app.drafting.draft_choice import PendingDraft, Proposal, choose, could_win
+from app.drafting.alignment import prompt_lookup_match
+from app.drafting.candidate_store import CandidateStore, ProposerStore, RequestSpeculation
+from app.drafting.draft_choice import PendingDraft, Proposal, SourceRates, choose, could_win
 from app.drafting.draft_policy import DraftPolicy
+from app.drafting.draft_worth import PassClock, matcher_cap, sized
 from app.drafting.request_alignment import (
     TokenizedCandidate,
     TokenizedCandidates,
     TrackedRequest,
 )
-from app.drafting.suffix_index import suffix_draft
+from app.drafting.suffix_index import suffix_match
+
+# How fast the replica's per-source rates (the prior of each new request's) follow settled
+# drafts: over many requests, not one.
+REPLICA_SMOOTHING = 0.05
 
 
 class CandidateProposer:
@@ -38,7 +44,7 @@ class CandidateProposer:
         spec = vllm_config.speculative_config
         self.k: int = int(spec.num_speculative_tokens)
         self.max_model_len: int = int(vllm_config.model_config.max_model_len)
-        self.store: CandidateStore | None = None
+        self.store: ProposerStore | None = None
         self.runner: Any = None
         self.tokenizer: Any = None
         self.eos_token_id: int | None = None
@@ -49,11 +55,17 @@ class CandidateProposer:
         self.tokenized: TokenizedCandidates | None = None
         # Per engine request id; dropped when the request leaves the store.
         self.tracked: dict[str, TrackedRequest] = {}
+        # What each source's drafts earned across this replica's recent requests: a new
+        # request's rates start here (app/drafting/draft_choice.py).
+        self.replica_rates = SourceRates(smoothing=REPLICA_SMOOTHING)
+        # Decode steps' times against the tokens they verified (app/drafting/draft_worth.py).
+        self.clock = PassClock()
+        self._last_step: tuple[float, frozenset[str], int] | None = None
         self._backend: Any = None
 
     def bind(
         self,
-        store: CandidateStore,
+        store: ProposerStore,
         runner: Any,
         tokenizer: Any,
         prompt_lookup_fallback: bool,
@@ -91,7 +103,15 @@ class CandidateProposer:
         batch = self.runner.input_batch
         req_ids: list[str] = batch.req_ids
         active = sum(1 for sampled in sampled_token_ids if sampled)
+        self._time_step(req_ids, sampled_token_ids, active)
         budget_per_row = self.policy.batch_budget(active)
+        cost = self.policy.worth.cost(active, self.clock)
+        drafted_tokens = 0
+        # One fetch for the step: the rows that run, and the requests kept from earlier steps
+        # (whether they are gone). Across processes this is the step's one exchange.
+        self.store.begin_step(
+            {*(req_ids[row] for row, sampled in enumerate(sampled_token_ids)
+               if sampled and row < len(req_ids)), *self.tracked})
         seen: set[str] = set()
         for row, sampled in enumerate(sampled_token_ids):
             if not sampled or row >= len(req_ids):
@@ -101,7 +121,9 @@ class CandidateProposer:
             if entry is None or not entry.enabled:
                 continue
             seen.add(req_id)
-            tracked = self.tracked.setdefault(req_id, TrackedRequest())
+            tracked = self.tracked.get(req_id)
+            if tracked is None:
+                tracked = self.tracked[req_id] = TrackedRequest(rates=self.replica_rates.copy())
             tracked.acceptance.observe(len(sampled), self.policy)
             if tracked.pending is not None:
                 self._settle(req_id, tracked, tracked.pending, sampled)
@@ -116,17 +138,48 @@ class CandidateProposer:
                 # The anchors did not follow this step's text: search again when drafting.
                 tracked.anchor = tracked.others_anchor = None
                 continue
-            proposals = self._proposals(entry, tracked, piece, token_ids_cpu[row, :num_tokens],
-                                        budget)
+            proposals = self._sized(
+                self._proposals(entry, tracked, piece, token_ids_cpu[row, :num_tokens], budget),
+                tracked.rates, cost)
             chosen = choose(proposals, tracked.rates)
             if chosen is not None:
                 drafts[row] = chosen.tokens
+                drafted_tokens += len(chosen.tokens)
                 tracked.acceptance.drafted = len(chosen.tokens)
                 tracked.pending = PendingDraft(
                     chosen, tuple(p for p in proposals if p is not chosen))
                 self.store.record_draft(req_id, len(chosen.tokens), chosen.source)
         self._forget_finished(seen)
+        self.store.end_step()  # the step's accounting, across processes without an answer
+        if self._last_step is not None:
+            self._last_step = (*self._last_step[:2], active + drafted_tokens)
         return drafts
+
+    def _time_step(self, req_ids: list[str], sampled: list[list[int]], active: int) -> None:
+        """Feed the pass clock the step that just ran, when it was a decode step of the same
+        rows as the step before (a prefill, or a row joining or leaving, is not comparable),
+        with the tokens it verified (the rows' own plus last step's drafts)."""
+        now = time.perf_counter()
+        rows = frozenset(req_ids[:len(sampled)])
+        last = self._last_step
+        if (last is not None and last[1] == rows and active == len(rows)
+                and all(sampled)):
+            self.clock.observe(last[2], now - last[0])
+        self._last_step = (now, rows, active)
+
+    def _sized(self, proposals: list[Proposal], rates: SourceRates, cost: float
+               ) -> list[Proposal]:
+        """Each proposal cut to what it is worth (app/drafting/draft_worth.py)."""
+        if cost <= 0:
+            return proposals
+        factor = self.policy.worth.max_spec_factor
+        out = []
+        for proposal in proposals:
+            cap = matcher_cap(proposal.match, factor) if proposal.match else None
+            tokens = sized(proposal.tokens, rates.rate(proposal.source), cost, cap)
+            if tokens:
+                out.append(Proposal(proposal.source, tokens, proposal.match))
+        return out
 
     def _proposals(
         self,
@@ -168,11 +221,14 @@ class CandidateProposer:
         proposals = [p for p in proposals if p.tokens]
         if entry.suffix is not None and (
                 sidecar or could_win("suffix", budget, proposals, tracked.rates)):
-            proposals.append(Proposal("suffix", suffix_draft(entry.suffix, tokens, budget)))
+            found = suffix_match(entry.suffix, tokens, budget)
+            if found is not None:
+                proposals.append(Proposal("suffix", found.tokens, found.length))
         if self.prompt_lookup_fallback and (
                 sidecar or could_win("lookup", budget, proposals, tracked.rates)):
-            proposals.append(Proposal(
-                "lookup", prompt_lookup(tokens, budget, self.lookup_min, self.lookup_max)))
+            matched, follow = prompt_lookup_match(tokens, budget, self.lookup_min,
+                                                  self.lookup_max)
+            proposals.append(Proposal("lookup", follow, matched))
         return [p for p in proposals if p.tokens]
 
     def _settle(
@@ -181,8 +237,9 @@ class CandidateProposer:
         """Count what the last step's draft earned for its source."""
         assert self.store is not None
         earned = pending.settle(committed)
-        tracked.rates.observe(pending.chosen.source, len(pending.chosen.tokens),
-                              earned.accepted_tokens)
+        for rates in (tracked.rates, self.replica_rates):
+            rates.observe(pending.chosen.source, len(pending.chosen.tokens),
+                          earned.accepted_tokens)
         self.store.record_settled(req_id, pending.chosen.source, earned)
         tracked.pending = None
 

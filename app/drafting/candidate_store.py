@@ -8,12 +8,15 @@ internal request id, which is also what the model runner's batch rows carry.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
 from app.drafting.auto_drafts import AutoDrafts
 from app.drafting.suffix_index import SuffixIndex
 from app.speculation.draft_sources import DraftSource, SourceTallies, SourceTally
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -37,11 +40,37 @@ class RequestSpeculation:
     # The tenant's earlier outputs (app/drafting/suffix_index.py); None: no suffix drafts.
     suffix: SuffixIndex | None = None
     sources: SourceTallies = field(default_factory=SourceTallies)
+    # Moves whenever the candidates, their sources, the gate or the suffix index are replaced
+    # (what a copy in another process must fetch again; app/drafting/candidate_channel.py).
+    version: int = 0
 
     def source_of(self, candidate: str) -> DraftSource:
         if self.gate is not None:
             return self.gate.source_of(candidate)
         return self.candidate_sources.get(candidate, "sidecar")
+
+
+class ProposerStore(Protocol):
+    """What the proposer reads and records: the `CandidateStore` in its process, or its copy
+    across processes (`candidate_channel.RemoteStore`). Each engine step the proposer calls
+    `begin_step` with every request it will ask about, then `get` and the `record_*` methods,
+    then `end_step`."""
+
+    prepare: Callable[[list[str]], None] | None
+
+    def begin_step(self, request_ids: Iterable[str]) -> None: ...
+
+    def get(self, request_id: str) -> RequestSpeculation | None: ...
+
+    def record_draft(
+        self, request_id: str, drafted: int, source: DraftSource = "sidecar"
+    ) -> None: ...
+
+    def record_pause(self, request_id: str) -> None: ...
+
+    def record_settled(self, request_id: str, source: DraftSource, earned: SourceTally) -> None: ...
+
+    def end_step(self) -> None: ...
 
 
 class CandidateStore:
@@ -71,6 +100,7 @@ class CandidateStore:
             entry.candidates = list(candidates) + entry.candidates
             for text in candidates:
                 entry.candidate_sources.setdefault(text, source)
+            entry.version += 1
             return True
 
     def set_suffix(self, request_id: str, index: SuffixIndex) -> bool:
@@ -80,6 +110,7 @@ class CandidateStore:
             if entry is None:
                 return False
             entry.suffix = index
+            entry.version += 1
             return True
 
     def set_gate(self, request_id: str, gate: AutoDrafts) -> bool:
@@ -90,11 +121,25 @@ class CandidateStore:
             if entry is None:
                 return False
             entry.gate = gate
+            entry.version += 1
             return True
 
     def get(self, request_id: str) -> RequestSpeculation | None:
         with self._lock:
             return self._requests.get(request_id)
+
+    def read(self, request_id: str, reader: Callable[[RequestSpeculation], T]) -> T | None:
+        """`reader(entry)` under the store's lock (no writer changes the entry meanwhile);
+        None when the request is gone."""
+        with self._lock:
+            entry = self._requests.get(request_id)
+            return None if entry is None else reader(entry)
+
+    def begin_step(self, request_ids: Iterable[str]) -> None:
+        """Nothing to fetch: the proposer reads this store directly."""
+
+    def end_step(self) -> None:
+        """Nothing to send: the records went in as they were made."""
 
     def record_draft(self, request_id: str, drafted: int, source: DraftSource = "sidecar") -> None:
         with self._lock:

@@ -6,9 +6,12 @@ One is drafted: the one with the most tokens the main model is expected to accep
 source's recent per-token acceptance in this request (`SourceRates`): with rate p, a draft of
 L tokens is expected to get p + p^2 + ... + p^L accepted (each token only if all before it
 were). Ties go by the order of `DRAFT_SOURCES` (a prediction made for this request first).
-Rates start at `PRIOR` for every source and follow what the engine accepts, so a source that
-keeps failing on this output (a schema's placeholder value, an earlier output that went
-elsewhere) gives way to one that does not.
+A request's rates start at the replica's (what each source earned in recent requests, or
+`PRIOR` at first) and follow what the engine accepts, so a source that keeps failing on this
+output (a schema's placeholder value, an earlier output that went elsewhere) gives way to one
+that does not. A step's evidence is read as a geometric trial: `a` of `L` drafted tokens
+accepted is `a` successes and, when `a < L`, one failure (the rejected token; those after it
+were never tried).
 
 At the next step the committed tokens settle the draft (`settle`): how many it got accepted,
 and how many of those the best of the other sources' proposals at that step would not have had
@@ -36,6 +39,8 @@ _RANK = {source: index for index, source in enumerate(DRAFT_SOURCES)}
 class Proposal:
     source: DraftSource
     tokens: list[int]
+    # For a token matcher (suffix, lookup): the context it matched, in tokens (0: a candidate).
+    match: int = 0
 
 
 def expected_accepted(rate: float, length: int) -> float:
@@ -54,15 +59,28 @@ class SourceRates:
     """Per-token acceptance of each source's drafts in one request, smoothed."""
 
     rates: dict[DraftSource, float] = field(default_factory=dict)
+    smoothing: float = SMOOTHING
 
     def rate(self, source: DraftSource) -> float:
         return self.rates.get(source, PRIOR)
 
     def observe(self, source: DraftSource, drafted: int, accepted: int) -> None:
+        """One step's evidence: `accepted` of `drafted` tokens (see the module docstring).
+
+        >>> rates = SourceRates(smoothing=1.0)
+        >>> rates.observe("suffix", 16, 8); rates.rate("suffix")
+        0.8888888888888888
+        >>> rates.observe("suffix", 4, 4); rates.rate("suffix")
+        1.0
+        """
         if drafted <= 0:
             return
-        seen = min(accepted, drafted) / drafted
-        self.rates[source] = (1 - SMOOTHING) * self.rate(source) + SMOOTHING * seen
+        accepted = min(accepted, drafted)
+        seen = accepted / (accepted + (1 if accepted < drafted else 0))
+        self.rates[source] = (1 - self.smoothing) * self.rate(source) + self.smoothing * seen
+
+    def copy(self) -> SourceRates:
+        return SourceRates(dict(self.rates), SMOOTHING)
 
 
 def _key(source: DraftSource, length: int, rates: SourceRates) -> tuple[float, int]:

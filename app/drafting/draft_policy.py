@@ -19,9 +19,10 @@ commit, never which.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from app.config import LoadAwareConfig, Platform, SpeculationConfig
+from app.drafting.draft_worth import PLATFORM_VERIFY_RATIO, DraftWorth
 
 # (step_draft_tokens, no_draft_batch) where the config leaves them unset, per platform.
 # CPU: verifying a draft token costs about what decoding a token costs (compute grows with the
@@ -51,14 +52,22 @@ class DraftPolicy:
     no_draft_batch: int = 1 << 30
     reject_streak: int = 0  # 0: rows never pause
     pause_steps: int = 0
+    # Off unless configured: a policy built in a test drafts to the budget.
+    worth: DraftWorth = field(default_factory=lambda: DraftWorth(enabled=False))
 
     @classmethod
     def from_config(cls, speculation: SpeculationConfig, platform: Platform) -> DraftPolicy:
         load = speculation.load_aware
         step, batch = platform_budgets(load, platform)
+        worth = speculation.draft_worth
         return cls(k=speculation.num_speculative_tokens, step_draft_tokens=step,
                    no_draft_batch=batch, reject_streak=load.reject_streak,
-                   pause_steps=load.pause_steps)
+                   pause_steps=load.pause_steps,
+                   worth=DraftWorth(
+                       enabled=worth.enabled,
+                       ratio=worth.verify_cost_ratio or PLATFORM_VERIFY_RATIO[platform],
+                       measured=worth.measure_steps and worth.verify_cost_ratio is None,
+                       max_spec_factor=worth.max_spec_factor))
 
     def batch_budget(self, active_rows: int) -> int:
         """Draft tokens each row may get when `active_rows` rows decode this step.

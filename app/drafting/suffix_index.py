@@ -14,8 +14,9 @@ n-gram occurs, so does its (n-1)-token suffix, ending at the same place), so a l
 most `max_depth` dict probes, and adding an output of L tokens is L * `max_depth` inserts.
 Keys are the n-grams' hashes: a collision drafts wrong tokens, which the main model rejects;
 it never changes an output, and never crosses tenants (each tenant has its own dict).
-Memory is bounded by `max_tokens` per tenant (oldest outputs evicted first, with the keys
-that still point at them) and `max_tenants` (least recently used tenant dropped whole).
+Memory is bounded by `max_tokens` per tenant, over its own index and its scopes' together
+(oldest outputs evicted first, with the keys that still point at them), and `max_tenants`
+(least recently used tenant dropped whole, its scopes with it).
 
 `own_match` is the same idea over the request's own prompt and output (the current prompt's
 tool descriptions and earlier tool results), as a binary search over the match length; a
@@ -29,6 +30,7 @@ thread) meet under one lock per tenant.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Sequence
@@ -37,6 +39,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from app.drafting.alignment import tail_follow
+
+# Stamps of the outputs every index keeps, in the order they were added (`SuffixIndex.oldest`).
+_OUTPUT_IDS = itertools.count()
 
 
 @dataclass(frozen=True)
@@ -58,7 +63,6 @@ class SuffixIndex:
         self._lock = threading.Lock()
         self._outputs: dict[int, list[int]] = {}
         self._order: deque[int] = deque()
-        self._next_id = 0
         self._tokens = 0
         # hash(n-gram) -> (output id, index just after the n-gram's last token)
         self._ends: dict[int, tuple[int, int]] = {}
@@ -69,8 +73,7 @@ class SuffixIndex:
         if len(output) < 2:
             return
         with self._lock:
-            output_id = self._next_id
-            self._next_id += 1
+            output_id = next(_OUTPUT_IDS)  # ordered across indexes: a tenant's oldest output
             self._outputs[output_id] = output
             self._order.append(output_id)
             self._tokens += len(output)
@@ -79,6 +82,19 @@ class SuffixIndex:
                     self._ends[hash(tuple(output[end - n:end]))] = (output_id, end)
             while self._tokens > self.max_tokens:
                 self._evict_oldest()
+
+    def oldest(self) -> int | None:
+        """The stamp of the oldest output kept (stamps grow across all indexes), or None."""
+        with self._lock:
+            return self._order[0] if self._order else None
+
+    def evict_oldest(self) -> bool:
+        """Forget the oldest output (False: none left)."""
+        with self._lock:
+            if not self._order:
+                return False
+            self._evict_oldest()
+            return True
 
     def _evict_oldest(self) -> None:
         old_id = self._order.popleft()
@@ -123,29 +139,67 @@ class SuffixIndex:
 
 
 class TenantSuffixes:
-    """Each tenant's `SuffixIndex`, at most `max_tenants` of them (least recently used
-    dropped)."""
+    """Each tenant's suffix indexes, for at most `max_tenants` tenants (the least recently
+    used tenant dropped whole): its own, and up to `max_scopes` scoped ones within it (a
+    benchmark's per-mode index, `ooo_spec.diagnostics.suffix_scope`; its least recently used
+    scope dropped). A tenant's indexes share its `max_tokens` (`add`), so scopes never take
+    memory, nor a place among the tenants, from another tenant."""
 
     def __init__(self, max_depth: int, max_tokens: int, max_tenants: int,
-                 min_match: int = 2) -> None:
+                 min_match: int = 2, max_scopes: int = 8) -> None:
         self.max_depth = max_depth
         self.max_tokens = max_tokens
         self.max_tenants = max_tenants
         self.min_match = min_match
+        self.max_scopes = max_scopes
         self._lock = threading.Lock()
-        self._tenants: OrderedDict[str, SuffixIndex] = OrderedDict()
+        # tenant -> its indexes by scope (None: its own), least recently used first.
+        self._tenants: OrderedDict[str, OrderedDict[str | None, SuffixIndex]] = OrderedDict()
 
-    def of(self, tenant: str) -> SuffixIndex:
+    def of(self, tenant: str, scope: str | None = None) -> SuffixIndex:
         with self._lock:
-            index = self._tenants.get(tenant)
-            if index is None:
-                index = self._tenants[tenant] = SuffixIndex(self.max_depth, self.max_tokens,
-                                                             self.min_match)
+            scopes = self._tenants.get(tenant)
+            if scopes is None:
+                scopes = self._tenants[tenant] = OrderedDict()
                 if len(self._tenants) > self.max_tenants:
                     self._tenants.popitem(last=False)
             else:
                 self._tenants.move_to_end(tenant)
+            index = scopes.get(scope)
+            if index is None:
+                index = scopes[scope] = SuffixIndex(self.max_depth, self.max_tokens,
+                                                     self.min_match)
+                named = [name for name in scopes if name is not None]
+                if len(named) > self.max_scopes:
+                    del scopes[named[0]]
+            else:
+                scopes.move_to_end(scope)
             return index
+
+    def add(self, tenant: str, tokens: Sequence[int], scope: str | None = None) -> None:
+        """Remember one output in the tenant's (or its scope's) index; then, while the
+        tenant's indexes hold more than `max_tokens` together, its oldest output (in whichever
+        index) goes."""
+        self.of(tenant, scope).add(tokens)
+        with self._lock:
+            indexes = list(self._tenants.get(tenant, {}).values())
+        while sum(index.tokens for index in indexes) > self.max_tokens:
+            stamped = [(stamp, i) for i, index in enumerate(indexes)
+                       if (stamp := index.oldest()) is not None]
+            if not stamped:
+                break
+            indexes[min(stamped)[1]].evict_oldest()
+
+    def scopes(self, tenant: str) -> int:
+        """Indexes `tenant` holds (its own and its scopes')."""
+        with self._lock:
+            return len(self._tenants.get(tenant, ()))
+
+    def tokens(self, tenant: str) -> int:
+        """Tokens `tenant`'s indexes hold together."""
+        with self._lock:
+            indexes = list(self._tenants.get(tenant, {}).values())
+        return sum(index.tokens for index in indexes)
 
     def __len__(self) -> int:
         with self._lock:
@@ -179,10 +233,18 @@ def own_match(
 
 
 def suffix_draft(index: SuffixIndex, context: Sequence[int] | np.ndarray, k: int) -> list[int]:
-    """The `suffix` source's draft: the longer match of the tenant's earlier outputs and of the
-    request's own tokens (its own, on a tie: the current conversation is the closer one)."""
+    """The `suffix` source's draft (`suffix_match`'s tokens)."""
+    found = suffix_match(index, context, k)
+    return found.tokens if found is not None else []
+
+
+def suffix_match(
+    index: SuffixIndex, context: Sequence[int] | np.ndarray, k: int
+) -> SuffixMatch | None:
+    """The `suffix` source's match: the longer of the tenant's earlier outputs' and the
+    request's own tokens' (its own, on a tie: the current conversation is the closer one)."""
     theirs = index.match(context[-index.max_depth:], k)
     own = own_match(context, k, index.min_match, index.max_depth)
     if own is not None and (theirs is None or own.length >= theirs.length):
-        return own.tokens
-    return theirs.tokens if theirs is not None else []
+        return own
+    return theirs

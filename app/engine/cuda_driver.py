@@ -6,20 +6,27 @@ The platform is decided as vLLM decides it (`vllm/platforms/__init__.py`,
 says. torch says no GPU when the driver is too old for its CUDA, while vLLM, asking NVML, still
 picks CUDA and fails later inside torch; asking NVML too, the replica takes the same platform and
 checks the driver first (`detect_platform`), naming the driver to install.
+
+The driver check follows CUDA minor version compatibility: a driver below the floor of torch's
+CUDA major version (`MAJOR_FLOOR`: 525.60.13 for 12.x, 580 for 13.x) runs nothing of it and the
+replica refuses to start; a driver from that floor up to the one released with torch's exact
+CUDA (`MIN_DRIVER`) runs it, but a kernel compiled at run time may not load: the replica starts
+and logs a warning.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any
 
 from app.config import Platform
 
+logger = logging.getLogger(__name__)
+
 # CUDA toolkit version -> the Linux driver released with it (NVIDIA's CUDA release notes,
-# "CUDA Toolkit and Corresponding Driver Versions"). Drivers of the same major CUDA version
-# but older than this run many programs ("minor version compatibility"), not all of them
-# (PTX built by a newer toolkit, some libraries), so the requirement is this driver.
+# "CUDA Toolkit and Corresponding Driver Versions"): what torch's exact CUDA is tested with.
 MIN_DRIVER: dict[tuple[int, int], str] = {
     (11, 8): "520.61.05",
     (12, 0): "525.60.13",
@@ -33,6 +40,19 @@ MIN_DRIVER: dict[tuple[int, int], str] = {
     (12, 9): "575.51.03",
     (13, 0): "580.65.06",
     (13, 1): "590.44.01",
+}
+
+# CUDA major version -> the oldest Linux driver that runs any toolkit of that major version
+# ("minor version compatibility", NVIDIA's CUDA Compatibility guide and the release notes'
+# "Minimum Required Driver Version for CUDA Minor Version Compatibility"). Below it nothing of
+# that CUDA runs (torch sees no GPU): refused. From it up to the driver released with torch's
+# exact CUDA (`MIN_DRIVER`) most programs run, but not all: PTX compiled by the newer toolkit
+# (a JIT-compiled kernel: Triton, FlashInfer) and a few library features need the newer driver,
+# so the replica starts and warns.
+MAJOR_FLOOR: dict[int, str] = {
+    11: "450.80.02",
+    12: "525.60.13",
+    13: "580",
 }
 
 
@@ -60,33 +80,85 @@ def minimum_driver(cuda_version: str) -> tuple[int, ...]:
     return _parse(minimum_driver_text(cuda_version))
 
 
+def major_floor_text(cuda_version: str) -> str:
+    """The oldest driver of CUDA `cuda_version`'s major version ('12.8' -> '525.60.13')."""
+    major = _parse(cuda_version)[0]
+    if major not in MAJOR_FLOOR:
+        raise ValueError(f"CUDA {cuda_version}: ooo-spec knows no driver floor for CUDA {major}")
+    return MAJOR_FLOOR[major]
+
+
+@dataclass(frozen=True)
+class DriverCheck:
+    """What the node's driver means for torch's CUDA: `refusal` (nothing of it runs) or
+    `warning` (it runs under minor version compatibility, maybe not every kernel); both None
+    when the driver is at least the one released with that CUDA."""
+
+    refusal: str | None = None
+    warning: str | None = None
+
+
+def driver_check(cuda_version: str, driver_version: str) -> DriverCheck:
+    """The verdict on driver `driver_version` ('570.133.20') for torch built with CUDA
+    `cuda_version` ('12.8').
+
+    >>> driver_check("12.8", "570.133.20")
+    DriverCheck(refusal=None, warning=None)
+    >>> driver_check("12.8", "535.183.01").warning is not None
+    True
+    >>> driver_check("13.0", "570.133.20").refusal is not None
+    True
+    """
+    driver = _parse(driver_version)
+    try:
+        floor = major_floor_text(cuda_version)
+    except ValueError as unknown:  # a CUDA newer than this code: let torch say what fails
+        return DriverCheck(warning=f"{unknown}; the driver {driver_version} is not checked")
+    try:
+        released = minimum_driver_text(cuda_version)
+    except ValueError:  # a minor version older than the table: the floor is all there is
+        released = floor
+    if driver < _parse(floor):
+        major = _parse(cuda_version)[0]
+        return DriverCheck(refusal=(
+            f"the NVIDIA driver {driver_version} on this node is too old for this image: its "
+            f"torch is built with CUDA {cuda_version}, and no CUDA {major}.x program runs on a "
+            f"driver older than {floor} (the driver released with CUDA {cuda_version} is "
+            f"{released}). Upgrade the node's driver (or its GPU node image), or build the "
+            "image with a torch for an older CUDA."))
+    if driver < _parse(released):
+        return DriverCheck(warning=(
+            f"the NVIDIA driver {driver_version} is older than {released}, the one released "
+            f"with CUDA {cuda_version} (this image's torch): it runs under CUDA minor version "
+            "compatibility, where kernels compiled at run time (Triton, FlashInfer) or a "
+            "library feature may fail to load. Upgrade the driver if one does."))
+    return DriverCheck()
+
+
 def driver_problem(cuda_version: str, driver_version: str) -> str | None:
-    """None when driver `driver_version` ('570.133.20') runs CUDA `cuda_version`, else why not."""
-    if _parse(driver_version) >= minimum_driver(cuda_version):
-        return None
-    wanted = minimum_driver_text(cuda_version)
-    return (
-        f"the NVIDIA driver {driver_version} on this node is too old for this image: its torch "
-        f"is built with CUDA {cuda_version}, which needs driver {wanted} or newer. Upgrade the "
-        "node's driver (or its GPU node image), or build the image with a torch for an older CUDA."
-    )
+    """None when driver `driver_version` runs CUDA `cuda_version` at all, else why not."""
+    return driver_check(cuda_version, driver_version).refusal
 
 
-def check_driver(nvml: Any | None = None, cuda_version: str | None = None) -> None:
+def check_driver(nvml: Any | None = None, cuda_version: str | None = None) -> DriverCheck:
     """Raise `DriverTooOld` on a node whose driver cannot run this torch (`cuda_version`:
-    torch's CUDA, read from torch when None; a CPU torch has none and nothing is checked)."""
+    torch's CUDA, read from torch when None; a CPU torch has none and nothing is checked);
+    log a warning (and return it) for a driver older than torch's own CUDA's."""
     if cuda_version is None:
         import torch
 
         cuda_version = torch.version.cuda
     if not cuda_version:
-        return
+        return DriverCheck()
     view = read_nvml(nvml)
     if view is None or view.driver is None:
-        return  # no NVML to ask: torch and vLLM will say what is wrong themselves
-    problem = driver_problem(cuda_version, view.driver)
-    if problem is not None:
-        raise DriverTooOld(problem)
+        return DriverCheck()  # no NVML to ask: torch and vLLM will say what is wrong themselves
+    verdict = driver_check(cuda_version, view.driver)
+    if verdict.refusal is not None:
+        raise DriverTooOld(verdict.refusal)
+    if verdict.warning is not None:
+        logger.warning(verdict.warning)
+    return verdict
 
 
 @dataclass(frozen=True)

@@ -68,9 +68,12 @@ def _common_kwargs(
         "max_num_seqs": cfg.max_num_seqs,
         "enforce_eager": cfg.enforce_eager,
         "enable_prefix_caching": True,
-        "disable_log_stats": True,
+        # vLLM's stats feed its `vllm:*` metrics (vllm_engine.py adds Ray's logger).
+        "disable_log_stats": not cfg.log_stats,
         "structured_outputs_config": {"backend": "xgrammar"},
     }
+    if cfg.scheduling_policy != "fcfs":
+        kwargs["scheduling_policy"] = cfg.scheduling_policy
     if cfg.block_size is not None:
         kwargs["block_size"] = cfg.block_size
     if cfg.tensor_parallel_size > 1:

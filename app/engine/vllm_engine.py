@@ -81,6 +81,8 @@ class StepDelta:
     # Prompt tokens vLLM's prefix cache served (vLLM's `num_cached_tokens`, known once the
     # prompt is prefilled): what cache-affinity routing saves (docs/operations.md).
     cached_tokens: int = 0
+    # vLLM's `stop_reason` on the last delta: the stop string (or stop token id) that ended it.
+    stop_reason: int | str | None = None
 
 
 @dataclass
@@ -95,6 +97,8 @@ class GenerationResult:
     speculation: RequestSpeculation | None
     logprobs: list[TokenLogprobs] | None = None
     cached_tokens: int = 0  # of `prompt_tokens`, served by the prefix cache
+    # The stop string that ended the output, if one did (the Messages API's `stop_sequence`).
+    stop_reason: str | None = None
 
     @property
     def accepted_tokens(self) -> int:
@@ -118,6 +122,7 @@ class GenerationTally:
         self.speculation: RequestSpeculation | None = None
         self.logprobs: list[TokenLogprobs] | None = None
         self.cached_tokens = 0
+        self.stop_reason: str | None = None
 
     def add(self, delta: StepDelta) -> None:
         if delta.token_ids:
@@ -128,6 +133,8 @@ class GenerationTally:
             self.last = delta.time
         self.text.append(delta.text)
         self.finish = delta.finish_reason or self.finish
+        if isinstance(delta.stop_reason, str):  # a stop token's id names no stop string
+            self.stop_reason = delta.stop_reason
         self.speculation = delta.speculation or self.speculation
         self.cached_tokens = max(self.cached_tokens, delta.cached_tokens)
         if delta.logprobs is not None:
@@ -149,6 +156,7 @@ class GenerationTally:
             speculation=self.speculation,
             logprobs=self.logprobs,
             cached_tokens=self.cached_tokens,
+            stop_reason=self.stop_reason,
         )
 
 
@@ -173,6 +181,44 @@ class PrefillTally:
             taken = (self._prompt, self._cached)
             self._prompt = self._cached = 0
             return taken
+
+
+def ray_stat_loggers() -> list[Any] | None:
+    """vLLM's own Ray stat logger (as Ray Serve LLM uses it): every `vllm:*` metric of this
+    engine through `ray.util.metrics`, so Ray's metrics endpoint exports it, tagged with the
+    Serve replica (`ReplicaId`) and vLLM's labels (`model_name`, `engine`, and `position` for
+    speculative acceptance per draft position); None outside a Ray worker."""
+    try:
+        import ray
+
+        if not ray.is_initialized():
+            return None
+        from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
+    except ImportError:
+        return None
+    return [RayPrometheusStatLogger]
+
+
+_DRAFT_FREE_PARAMS: Any = None
+
+
+def draft_free_params_type() -> Any:
+    """vLLM's `SamplingParams` without its refusal of `min_p` and `logit_bias` on an engine
+    with speculative decoding, for requests this engine never drafts for (the store holds
+    them disabled). vLLM refuses those fields because its rejection sampler does not apply
+    them to drafted rows; a row without drafts is sampled by vLLM's plain `Sampler` (the
+    bonus token: every logits processor, min_p and logit_bias included), so the output is
+    plain decoding's (tests/integration/test_lossless.py)."""
+    global _DRAFT_FREE_PARAMS
+    if _DRAFT_FREE_PARAMS is None:
+        from vllm import SamplingParams
+
+        class DraftFreeSamplingParams(SamplingParams):  # type: ignore[misc]
+            def _validate_spec_decode(self, speculative_config: Any) -> None:
+                return None
+
+        _DRAFT_FREE_PARAMS = DraftFreeSamplingParams
+    return _DRAFT_FREE_PARAMS
 
 
 class EngineError(RuntimeError):
@@ -279,8 +325,18 @@ class VllmEngine:
         from vllm.v1.engine.llm_engine import LLMEngine
 
         assert self.launch is not None, "start() sets the launch before the thread runs"
-        self.engine = LLMEngine.from_engine_args(EngineArgs(**self.launch.kwargs))
+        kwargs = dict(self.launch.kwargs)
+        loggers = None
+        if not kwargs.get("disable_log_stats", True):
+            loggers = ray_stat_loggers()
+            # Outside a Ray worker nothing would export them: no stats, no per-step cost.
+            kwargs["disable_log_stats"] = loggers is None
+        self.engine = LLMEngine.from_engine_args(EngineArgs(**kwargs), stat_loggers=loggers)
         self.tokenizer = self.engine.get_tokenizer()
+        if self.cfg.chat_template is not None:  # prompts and drafted calls go through it
+            from app.formats.tool_formats.families import load_chat_template
+
+            self.tokenizer.chat_template = load_chat_template(self.cfg.chat_template)
         if self.lora is not None:
             from vllm.lora.request import LoRARequest
 
@@ -417,11 +473,12 @@ class VllmEngine:
             return
         while True:
             if cmd == "add":
-                request_id, prompt, params, adapter, reply = arg
+                request_id, prompt, params, adapter, priority, reply = arg
                 try:
                     internal = self.engine.add_request(
                         request_id, prompt, params,
                         lora_request=self.lora_request if adapter else None,
+                        priority=priority,
                     )
                     reply(internal, None)
                 except Exception as exc:  # bad params: tell the caller, keep serving
@@ -453,6 +510,7 @@ class VllmEngine:
                       if completion.logprobs is not None else None),
             pass_index=self.passes,
             cached_tokens=int(out.num_cached_tokens or 0),
+            stop_reason=completion.stop_reason,
         )
         loop, q = stream
         loop.call_soon_threadsafe(q.put_nowait, delta)
@@ -485,15 +543,22 @@ class VllmEngine:
         choice = options.pop("structured_choice", None)
         regex = options.pop("structured_regex", None)
         grammar = options.pop("structured_grammar", None)
+        tag = options.pop("structured_tag", None)
         if grammar is not None:  # EBNF (app/formats/json_grammar.py)
             options["structured_outputs"] = StructuredOutputsParams(grammar=grammar)
+        elif tag is not None:  # a structural tag's JSON (app/formats/structural_tag.py)
+            options["structured_outputs"] = StructuredOutputsParams(structural_tag=tag)
         elif schema is not None:
             options["structured_outputs"] = StructuredOutputsParams(json=schema)
         elif choice is not None:
             options["structured_outputs"] = StructuredOutputsParams(choice=choice)
         elif regex is not None:
             options["structured_outputs"] = StructuredOutputsParams(regex=regex)
-        params = SamplingParams(**options, output_kind=RequestOutputKind.DELTA)
+        priority = int(options.pop("priority", 0))
+        params_type = (draft_free_params_type() if not speculate and self.speculation is not None
+                       and (options.get("min_p") or options.get("logit_bias"))
+                       else SamplingParams)
+        params = params_type(**options, output_kind=RequestOutputKind.DELTA)
         loop = asyncio.get_running_loop()
         q: asyncio.Queue[Any] = asyncio.Queue()
         added: asyncio.Future[str] = loop.create_future()
@@ -528,7 +593,8 @@ class VllmEngine:
             if salt is not None:
                 prompt["cache_salt"] = salt
             self._commands.put(
-                ("add", (external_id, prompt, params, USE_ADAPTER.get(), reply_and_register))
+                ("add", (external_id, prompt, params, USE_ADAPTER.get(), priority,
+                         reply_and_register))
             )
             try:
                 internal_id = await added

@@ -24,8 +24,9 @@ RESERVED_TEMPLATE_KWARGS = frozenset(
 )
 
 _PROBE_MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
+_PROBE_NAME = "ooo_spec_probe_tool"
 _PROBE_TOOLS = [{"type": "function", "function": {
-    "name": "ooo_spec_probe_tool", "description": "Probe whether the template lists tools.",
+    "name": _PROBE_NAME, "description": "Probe whether the template lists tools.",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
 
 
@@ -91,10 +92,19 @@ def template_call_text(tokenizer: ChatTokenizer) -> str | None:
 
 def format_mismatch(tokenizer: ChatTokenizer, fmt: ToolFormat) -> str | None:
     """A warning when the chat template renders tools but writes calls in another dialect
-    than the configured format (the model would then be parsed with the wrong parser)."""
+    than the configured format (the model would then be parsed with the wrong parser), or
+    never writes a past call at all (the probe call's name is not in its rendering)."""
     if not template_renders_tools(tokenizer):
         return None
     written = template_call_text(tokenizer)
+    if written is not None and _PROBE_NAME not in written:
+        return (
+            f"the model's chat template renders tools but never renders a past tool call (a "
+            f"call in the conversation comes out as {written.strip()[:120]!r}): the model "
+            f"does not see its own earlier calls, and nothing shows it the {fmt.name!r} "
+            f"format (main.engine.tool_format); use the model's own template, which writes "
+            f"calls as vLLM's parser of that name reads them"
+        )
     if written is None or fmt.writes_call(written):
         return None
     return (
@@ -113,6 +123,11 @@ def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             calls = [_template_call(c) for c in msg["tool_calls"]]
             if calls:  # vLLM drops an empty list so templates take the plain path
                 converted["tool_calls"] = calls
+        if msg["role"] == "assistant" and msg.get("reasoning") is not None:
+            # An earlier turn's thinking, under both names as vLLM hands it over: templates
+            # of interleaved-thinking models read `reasoning_content` (Kimi, GLM, MiniMax,
+            # Qwen3 keeps it for turns after the last user message), the others ignore it.
+            converted["reasoning"] = converted["reasoning_content"] = msg["reasoning"]
         if msg["role"] == "tool" and "tool_call_id" in msg:
             converted["tool_call_id"] = msg["tool_call_id"]
         if isinstance(msg.get("name"), str):

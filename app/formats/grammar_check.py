@@ -13,28 +13,34 @@ on a loaded machine a 9 ms compile has been refused at a 5 s wall-clock limit. A
 was refused still finishes in its thread (it cannot be interrupted), holding its tenant's share
 of the pool until then; the schema caps (app.api.limits) bound how long that takes.
 
-Verdicts are remembered per tenant (by the grammar's text): the tools a client sends on every
-request are checked once, and a grammar that spent the CPU limit is refused at once the next
-time instead of being compiled again. The main replica checks the forced call's grammar, the
-sidecar the grammars of its own engine requests (union, slots, names, verify).
+Verdicts are remembered per tenant (by the grammar's text), each tenant in its own share of
+the cache: the tools a client sends on every request are checked once, a grammar that spent
+the CPU limit is refused at once the next time instead of being compiled again, and one
+tenant's stream of new schemas never evicts another tenant's verdicts. The main replica
+checks the forced call's grammar (JSON, or the structural tag of the model's own format,
+app/formats/structural_tag.py, as its bounded EBNF or as the tag itself), the sidecar the
+grammars of its own engine requests (union, slots, names, verify).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections import OrderedDict
 from typing import Any, Literal
 
 from app.check_pool import CheckPool
 from app.config import LimitsConfig
 from app.cpu_budget import OverBudget
+from app.tenancy import TenantLru
 
 logger = logging.getLogger(__name__)
 
+# Verdicts kept per replica, and of those per tenant: one tenant's stream of distinct
+# schemas evicts its own verdicts, never another tenant's (app/tenancy.py `TenantLru`).
 _REMEMBERED = 1024
+_REMEMBERED_PER_TENANT = 256
 
-GrammarKind = Literal["json", "ebnf", "regex"]
+GrammarKind = Literal["json", "ebnf", "regex", "structural_tag"]
 
 
 class GrammarTooSlow(Exception):
@@ -68,8 +74,9 @@ class GrammarCheck:
         self.timeout_s = timeout_s
         self.max_wait_s = max_wait_s
         self.pool = pool
-        # (tenant, kind, text) -> whether it compiled within the limit.
-        self._verdicts: OrderedDict[tuple[str, str, str], bool] = OrderedDict()
+        # Per tenant, (kind, text) -> whether it compiled within the limit.
+        self._verdicts: TenantLru[tuple[str, str], bool] = TenantLru(_REMEMBERED_PER_TENANT,
+                                                                      _REMEMBERED)
 
     def _compile(self, kind: GrammarKind, text: str) -> None:
         try:
@@ -77,6 +84,8 @@ class GrammarCheck:
                 self._compiler.compile_json_schema(text, any_whitespace=True)
             elif kind == "regex":
                 self._compiler.compile_regex(text)
+            elif kind == "structural_tag":  # app/formats/structural_tag.py
+                self._compiler.compile_structural_tag(text)
             else:
                 self._compiler.compile_grammar(text)
         except Exception:  # noqa: BLE001 - the engine reports an uncompilable grammar itself
@@ -95,19 +104,21 @@ class GrammarCheck:
 
     async def check_sampling(self, sampling: dict[str, Any], tenant: str) -> None:
         """The same for whichever grammar an engine request's sampling options carry
-        (`structured_json`, `structured_grammar` or `structured_regex`), if any."""
+        (`structured_json`, `structured_grammar`, `structured_regex` or `structured_tag`, a
+        structural tag's JSON), if any."""
         if (schema := sampling.get("structured_json")) is not None:
             await self.check(schema, tenant)
         elif (grammar := sampling.get("structured_grammar")) is not None:
             await self.check_ebnf(grammar, tenant)
         elif (regex := sampling.get("structured_regex")) is not None:
             await self.check_text("regex", regex, tenant)
+        elif (tag := sampling.get("structured_tag")) is not None:
+            await self.check_text("structural_tag", tag, tenant)
 
     async def check_text(self, kind: GrammarKind, text: str, tenant: str) -> None:
-        key = (tenant, kind, text)
-        verdict = self._verdicts.get(key)
+        key = (kind, text)
+        verdict = self._verdicts.get(tenant, key)
         if verdict is not None:
-            self._verdicts.move_to_end(key)
             if verdict:
                 return
             raise GrammarTooSlow(f"the grammar did not compile within {self.timeout_s:g} s of "
@@ -118,13 +129,7 @@ class GrammarCheck:
                                 self.max_wait_s)
         except OverBudget as over:
             if over.cpu_s >= self.timeout_s:  # the schema's fault, not the wait's: final
-                self._remember(key, False)
+                self._verdicts.put(tenant, key, False)
             raise GrammarTooSlow(f"the grammar did not compile within {self.timeout_s:g} s of "
                                  f"CPU time ({over})") from None
-        self._remember(key, True)
-
-    def _remember(self, key: tuple[str, str, str], fast: bool) -> None:
-        self._verdicts[key] = fast
-        self._verdicts.move_to_end(key)
-        if len(self._verdicts) > _REMEMBERED:
-            self._verdicts.popitem(last=False)
+        self._verdicts.put(tenant, key, True)

@@ -59,6 +59,13 @@ def _grammar(schema_json: str, max_indent: int) -> str:
         ebnf = str(xgr.Grammar.from_json_schema(schema_json, any_whitespace=True))
     except Exception as exc:  # xgrammar raises RuntimeError/ValueError for bad schemas
         raise GrammarError(f"the schema cannot be compiled into a grammar: {exc}") from None
+    return bound_whitespace(ebnf, max_indent)
+
+
+def bound_whitespace(ebnf: str, max_indent: int) -> str:
+    """`ebnf` (as xgrammar prints a grammar) with every "any whitespace" run bounded as the
+    module docstring says; also for the grammar of a structural tag
+    (app/formats/structural_tag.py), whose JSON arguments xgrammar writes the same way."""
     if _WS_RULE in set(_RULE_NAME.findall(ebnf)):
         raise GrammarError(f"the generated grammar already defines '{_WS_RULE}'")
     body = ebnf.replace(_ANY_WS, _WS_RULE)

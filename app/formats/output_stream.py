@@ -7,15 +7,22 @@ can tell: a suffix that may be the start of a marker (`<tool_call>`, `</think>`)
 until the next piece shows what it is, and so is trailing whitespace before a call (the
 finished hermes parse strips it). The finished parse (app/main_model/service.py) stays the
 truth; app/api/streaming.py sends, at the end, whatever this did not.
+
+A format read by vLLM's own parser (`ToolFormat.vllm_backed`: every vLLM tool-parser name but
+the four hand-written ones) is read here by vLLM's `Parser.parse_delta` with its reasoning
+parser, piece by piece: its reasoning, content and call deltas are vLLM's
+(app/formats/tool_formats/vllm_parsing.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from app.formats.reasoning import THINK_END, THINK_START, Reasoning
 from app.formats.tool_formats import ToolFormat
 from app.formats.tool_formats.incremental import CallDelta, CallList, CallStream
+from app.formats.tool_formats.vllm_parsing import VllmParsing, VllmStream
 
 _QWEN3_TOOL_START = "<tool_call>"
 
@@ -39,7 +46,14 @@ class OutputStream:
     `tool_format`: the format a free (`auto`) output's calls are written in; `reasoning`:
     the request's reasoning parser, or None."""
 
-    def __init__(self, mode: str, tool_format: ToolFormat, reasoning: Reasoning | None) -> None:
+    def __init__(
+        self,
+        mode: str,
+        tool_format: ToolFormat,
+        reasoning: Reasoning | None,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """`tools`: the request's (vLLM's XML parsers type argument values by them)."""
         self.mode = mode
         self.format = tool_format
         self.reasoning = reasoning
@@ -48,10 +62,19 @@ class OutputStream:
         self.sent_reasoning = ""
         self.sent_content = ""
         self.calls: CallStream | None = None
+        self.vllm: VllmStream | None = None
         if mode in ("required", "named"):  # JSON from the first token: all of it is calls
             self.calls = CallList(single=mode == "named")
+        elif tool_format.vllm_backed:
+            self.vllm = vllm_stream(tool_format, reasoning, tools if mode == "auto" else None)
 
-    def feed(self, piece: str) -> OutputDelta:
+    def feed(self, piece: str, token_ids: list[int] | None = None) -> OutputDelta:
+        """`token_ids`: the piece's, when the caller has them (vLLM-read formats encode the
+        piece again otherwise)."""
+        if self.vllm is not None:
+            self.text += piece
+            read = self.vllm.feed(piece, token_ids)
+            return OutputDelta(read.reasoning, read.content, read.calls)
         self.text += piece
         delta = OutputDelta()
         if self.content_start is None:
@@ -100,6 +123,20 @@ class OutputStream:
         self.calls = self.format.call_stream()
         start = self.format.call_start(body)
         return body[start:] if start >= 0 else ""
+
+
+def vllm_stream(
+    tool_format: ToolFormat, reasoning: Reasoning | None, tools: list[dict[str, Any]] | None
+) -> VllmStream:
+    """vLLM's streaming parser for the format's tool parser and the request's reasoning
+    parser (with its thinking switch, as vLLM's reads `chat_template_kwargs`)."""
+    parsing = getattr(tool_format, "parsing", None)
+    if parsing is None:
+        raise RuntimeError(f"tool format {tool_format.name!r} needs the main model's tokenizer")
+    both = VllmParsing(tool_format.name, reasoning.parser if reasoning is not None else None,
+                       parsing.tokenizer)
+    kwargs = {"enable_thinking": reasoning.thinking} if reasoning is not None else None
+    return both.stream(tools, kwargs)
 
 
 def _held(text: str, marker: str) -> int:

@@ -7,14 +7,20 @@ message's reasoning and never parsed as a call; drafts start after it closes.
 - `qwen3`: the same, and a `<tool_call>` inside the reasoning ends it (Qwen3 may call without
   closing its thoughts); with `enable_thinking: false` in `chat_template_kwargs` the model
   does not think and the whole output is content.
+
+Every other vLLM reasoning parser (app/vllm_names.py) is read by vLLM's own parser,
+through the tool format's vLLM parser (app/formats/tool_formats/vllm_parsing.py) when the
+tool format is one vLLM reads; here, for drafting (`ended_at`), its reasoning ends at
+`</think>` as deepseek_r1's does.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-ReasoningParserName = Literal["deepseek_r1", "qwen3"]
+# Any vLLM reasoning parser's name; deepseek_r1 and qwen3 are read here.
+ReasoningParserName = str
 
 THINK_START = "<think>"
 THINK_END = "</think>"

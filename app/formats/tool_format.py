@@ -24,6 +24,7 @@ from app.formats.tool_formats import get_format
 from app.formats.tool_formats.base import (
     ParsedCall,
     ParsedOutput,
+    ToolFormat,
     arguments_obj,
     message_text,
     with_system_text,
@@ -125,6 +126,27 @@ def render_forced_variants(
         objs = _ordered_objects(calls, tools)
         items = ",\n".join(json.dumps(o, ensure_ascii=False) for o in objs)
         variants.append(f"[\n{items}\n]")
+    return list(dict.fromkeys(variants))
+
+
+def render_tagged_variants(
+    fmt: ToolFormat, calls: list[ParsedCall], tools: list[dict[str, Any]]
+) -> list[str]:
+    """The texts the main model may write for `calls` when a structural tag forces them in
+    its own format (app/formats/structural_tag.py): the format's own renderings, arguments in
+    the schema's key order (the tag writes them so). For hermes, whose tag writes the JSON
+    arguments with the model's whitespace (bounded), also each whitespace style of the
+    arguments, with and without the newlines around the object (vLLM's hermes tag allows
+    both), calls back to back."""
+    ordered = [ParsedCall(o["name"], o["arguments"]) for o in _ordered_objects(calls, tools)]
+    variants = fmt.render_variants(ordered)
+    if fmt.vllm_parser in ("hermes", "qwen3_json"):
+        for style in STYLES:
+            for head, tail in (("\n", "\n"), ("", "")):
+                variants.append("".join(
+                    f'{TOOL_CALL_OPEN}{head}{{"name": "{c.name}", "arguments": '
+                    f'{json.dumps(c.arguments, ensure_ascii=False, **style)}}}{tail}'
+                    f'{TOOL_CALL_CLOSE}' for c in ordered))
     return list(dict.fromkeys(variants))
 
 

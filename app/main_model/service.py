@@ -13,6 +13,7 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
@@ -31,6 +32,7 @@ from app.formats.grammar_check import GrammarCheck, GrammarTooSlow, check_pool, 
 from app.formats.json_grammar import GrammarError, bounded_whitespace_grammar
 from app.formats.logprobs import TokenLogprobs, chat_logprobs, completion_logprobs
 from app.formats.reasoning import Reasoning
+from app.formats.structural_tag import call_tag, engine_tag_model, tag_grammar, wants_tag
 from app.formats.tool_format import (
     ParsedCall,
     ParsedOutput,
@@ -40,8 +42,10 @@ from app.formats.tool_format import (
     placeholder_object,
     render_forced_variants,
     render_json_variants,
+    render_tagged_variants,
 )
 from app.formats.tool_formats import get_format
+from app.formats.tool_formats.vllm_parsing import VllmParsing
 from app.openai_models import CandidateReport, ChatCompletionRequest, MainReport
 from app.speculation.canonical import Invocation
 from app.speculation.draft_sources import DraftSource, SourceTallies
@@ -76,6 +80,17 @@ def completion_budget(
     return min(v for v in (context - prompt_tokens, fallback, ceiling) if v is not None)
 
 
+def prefix_cache_salt(tenant: str, client_salt: str | None) -> str:
+    """The prefix cache's salt: the tenant's, with the client's own `cache_salt` after it, so
+    a client can split its tenant's cache further but never reach another tenant's ('@' is
+    in no tenant name and no client salt, app/openai_models.py).
+
+    >>> prefix_cache_salt("tenant-1", None), prefix_cache_salt("tenant-1", "s")
+    ('tenant-1', 'tenant-1@s')
+    """
+    return tenant if client_salt is None else f"{tenant}@{client_salt}"
+
+
 @dataclass
 class PreparedRequest:
     request: ChatCompletionRequest
@@ -90,6 +105,9 @@ class PreparedRequest:
     reasoning: Reasoning | None = None
     # Whose request (the router's authenticated key): history and the prefix cache are its own.
     tenant: str = ANONYMOUS_TENANT
+    # A structural tag constrains the calls (app/formats/structural_tag.py): a forced call is
+    # written in the model's own format, not as the JSON fallback.
+    calls_in_format: bool = False
 
 
 def with_choice(shared: PreparedRequest, request: ChatCompletionRequest) -> PreparedRequest:
@@ -113,11 +131,11 @@ class CandidateIntake:
     no_call: bool = False
 
 
-def suffix_key(prepared: PreparedRequest) -> str:
-    """Whose suffix index a request uses: its tenant's, or a scope within it
-    (`ooo_spec.diagnostics.suffix_scope`); never another tenant's."""
-    scope = prepared.request.ooo_spec.diagnostics.suffix_scope
-    return prepared.tenant if scope is None else f"{prepared.tenant}\x00{scope}"
+def suffix_key(prepared: PreparedRequest) -> tuple[str, str | None]:
+    """Whose suffix index a request uses, as (tenant, scope): its tenant's own (scope None),
+    or a scope within it (`ooo_spec.diagnostics.suffix_scope`, counted against the tenant's
+    own budget); never another tenant's."""
+    return prepared.tenant, prepared.request.ooo_spec.diagnostics.suffix_scope
 
 
 class SourcedText(NamedTuple):
@@ -217,7 +235,11 @@ class MainModelService:
                            suffix.min_match)
             if suffix.enabled else None
         )
+        self._suffix_writer = ThreadPoolExecutor(1, thread_name_prefix="suffix-writer")
+        # The latest output's write (tests and shutdown wait for it); None before any.
+        self.suffix_writes: Future[None] | None = None
         self.format = get_format(config.main.engine.tool_format)
+        self.tag_model = engine_tag_model(config.main.engine)
         # Known once the engine (and its tokenizer) has started: see `template`.
         self._template: tuple[bool, frozenset[str]] | None = None
 
@@ -229,6 +251,8 @@ class MainModelService:
         self.grammar_check = GrammarCheck(tokenizer_info(self.engine.tokenizer, vocab),
                                           limits.grammar_compile_timeout_s,
                                           limits.check_max_wait_s, check_pool(limits, "main"))
+        if self.format.vllm_backed:  # read by vLLM's parser, written through the template
+            self.format = get_format(self.format.name, self.engine.tokenizer)
         mismatch = chat_prompt.format_mismatch(self.engine.tokenizer, self.format)
         if mismatch:
             logger.warning("tool format: %s", mismatch)
@@ -253,18 +277,51 @@ class MainModelService:
             tenant, key, lambda: self.prepare(request, raw_prompt, tenant), math.inf, math.inf)
         return with_choice(shared, request)
 
+    async def count_prompt_tokens(self, request: ChatCompletionRequest,
+                                  tenant: str = ANONYMOUS_TENANT) -> int:
+        """The prompt's tokens as `prepare` renders them (the template, the tools unless
+        `tool_choice` is none), in the prepare pool like a prompt to decode; no context check:
+        a count is what tells a client its conversation no longer fits."""
+        def count() -> int:
+            tools = request.tool_dicts() if request.effective_tool_choice != "none" else []
+            return len(self.prompt_ids(request, tools))
+
+        if self.prepare_pool is None:  # not started (offline use)
+            return count()
+        key = ("count", request.model_dump_json())
+        result: int = await self.prepare_pool.run(tenant, key, count, math.inf, math.inf)
+        return result
+
+    def tokenize(self, request: ChatCompletionRequest, prompt: str | None,
+                 special_tokens: bool, strs: bool) -> dict[str, Any]:
+        """`POST /tokenize` in vLLM's shape: `prompt` as is, else the request's messages and
+        tools as `prepare` renders them."""
+        tokenizer = self.engine.tokenizer
+        if prompt is not None:
+            ids = list(tokenizer.encode(prompt, add_special_tokens=special_tokens))
+        else:
+            mode = request.effective_tool_choice
+            ids = self.prompt_ids(request, request.tool_dicts() if mode != "none" else [])
+        return {"count": len(ids), "max_model_len": self.config.main.engine.max_model_len,
+                "tokens": ids,
+                "token_strs": list(tokenizer.convert_ids_to_tokens(ids)) if strs else None}
+
+    def detokenize(self, tokens: list[int]) -> dict[str, Any]:
+        """`POST /detokenize` in vLLM's shape; an id outside the vocabulary is a 400."""
+        vocab = len(self.engine.tokenizer)
+        wrong = [t for t in tokens if not 0 <= t < vocab][:5]
+        if wrong:
+            raise TurnError(f"token id(s) {wrong} are outside the vocabulary of {vocab}",
+                            param="tokens")
+        return {"prompt": self.engine.tokenizer.decode(tokens)}
+
     async def check_grammar(self, prepared: PreparedRequest) -> None:
         """A forced call's grammar must compile within `limits.grammar_compile_timeout_s` of CPU
         time (app/formats/grammar_check.py): a 400 `grammar_too_slow` otherwise."""
         if self.grammar_check is None:
             return
-        schema = prepared.sampling.get("structured_json")
-        grammar = prepared.sampling.get("structured_grammar")
         try:
-            if schema is not None:
-                await self.grammar_check.check(schema, prepared.tenant)
-            elif grammar is not None:
-                await self.grammar_check.check_ebnf(grammar, prepared.tenant)
+            await self.grammar_check.check_sampling(prepared.sampling, prepared.tenant)
         except GrammarTooSlow:
             raise TurnError(
                 f"the tool schemas' grammar did not compile within "
@@ -320,7 +377,26 @@ class MainModelService:
             sampling["logprobs"] = request.top_logprobs or 0
         if request.stop:
             sampling["stop"] = [request.stop] if isinstance(request.stop, str) else request.stop
-        if mode in ("required", "named"):
+        sampling.update(request.engine_sampling())
+        if request.priority:
+            if self.config.main.engine.scheduling_policy != "priority":
+                raise TurnError("'priority' needs the main engine's priority scheduling "
+                                "(main.engine.scheduling_policy: priority); this server runs "
+                                "first come, first served", param="priority")
+            sampling["priority"] = request.priority
+        # Forced outputs (calls, response_format) leave no room to think, nor does
+        # /v1/completions (no chat turn).
+        reasoning = Reasoning.for_request(
+            self.config.main.engine.reasoning_parser, request.chat_template_kwargs
+        ) if mode in ("auto", "none") and raw_prompt is None and request.output_schema is None \
+            else None
+        in_format = (self.tag_model is not None and reasoning is None
+                     and request.output_schema is None and wants_tag(
+                         mode, tools, request.parallel_tool_calls,
+                         self.config.main.engine.tool_strict_level))
+        if in_format:
+            sampling.update(self.tag_constraint(tools, mode, request))
+        elif mode in ("required", "named"):
             sampling.update(self.json_constraint(forced_output_schema(
                 tools, request.named_tool, parallel=request.parallel_tool_calls is True
             )))
@@ -335,15 +411,12 @@ class MainModelService:
             # Without the candidate proposer nothing would read the drafts.
             speculate=request.ooo_spec.enabled
             and (bool(tools) or request.output_schema is not None or raw_prompt is not None)
-            and self.engine.speculation is not None,
-            # Forced outputs (calls, response_format) are JSON from the first token and
-            # /v1/completions has no chat turn: no room to think.
-            reasoning=Reasoning.for_request(
-                self.config.main.engine.reasoning_parser, request.chat_template_kwargs
-            ) if mode in ("auto", "none") and raw_prompt is None
-            and request.output_schema is None else None,
+            and self.engine.speculation is not None
+            and request.draft_free_reason() is None,
+            reasoning=reasoning,
             raw_prompt=raw_prompt is not None,
             tenant=tenant,
+            calls_in_format=in_format,
         )
 
     @property
@@ -399,10 +472,30 @@ class MainModelService:
             raise TurnError(f"the engine rejected the request: {exc}",
                             code="rejected_by_engine") from None
 
+    def tag_constraint(
+        self, tools: list[dict[str, Any]], mode: str, request: ChatCompletionRequest
+    ) -> dict[str, Any]:
+        """Sampling options that constrain the calls with the format's structural tag: its
+        grammar with bounded whitespace, or the tag itself when `main.json_max_indent` is
+        None."""
+        try:
+            tag = call_tag(self.tag_model or "", tools, mode, request.named_tool,
+                           request.parallel_tool_calls,
+                           self.config.main.engine.tool_strict_level)
+            max_indent = self.config.main.json_max_indent
+            if max_indent is None:
+                return {"structured_tag": tag}
+            return {"structured_grammar": tag_grammar(tag, max_indent)}
+        except GrammarError as exc:
+            raise TurnError(f"the engine rejected the request: {exc}",
+                            code="rejected_by_engine") from None
+
     # ----- candidates -------------------------------------------------------------------
     def render_candidate(self, prepared: PreparedRequest, calls: list[ParsedCall]) -> list[str]:
         """Texts of the whole output the main model may write for `calls`: one per whitespace
         style; the proposer follows the one the model's output agrees with."""
+        if prepared.mode in ("required", "named") and prepared.calls_in_format:
+            return render_tagged_variants(self.format, calls, prepared.tools)
         if prepared.mode in ("required", "named"):
             return render_forced_variants(calls, prepared.tools, prepared.request.named_tool)
         return self.format.render_variants(calls)
@@ -516,7 +609,7 @@ class MainModelService:
             thinking=prepared.reasoning is not None and prepared.reasoning.thinking,
             status="none" if candidates is None else "pending",
             auto=auto,
-            suffix=(self.suffixes.of(suffix_key(prepared))
+            suffix=(self.suffixes.of(*suffix_key(prepared))
                     if self.suffixes is not None and prepared.speculate
                     and self.uses_suffix(prepared) else None),
         )
@@ -539,7 +632,7 @@ class MainModelService:
             async for delta in self.engine.stream(
                 prepared.prompt_token_ids, dict(prepared.sampling), prepared.speculate,
                 feed.on_start, realign=prepared.request.ooo_spec.diagnostics.realign,
-                cache_salt=prepared.tenant,
+                cache_salt=prefix_cache_salt(prepared.tenant, prepared.request.cache_salt),
             ):
                 tally.add(delta)
                 if feed.prefix is None and delta.text:
@@ -623,13 +716,23 @@ class MainModelService:
         sources = (result.speculation.sources.model_copy(deep=True) if result.speculation
                    else SourceTallies())
         if self.suffixes is not None and self.uses_suffix(prepared):
-            self.suffixes.of(suffix_key(prepared)).add(result.token_ids)
-        reasoning, answer = (
-            prepared.reasoning.split(result.text) if prepared.reasoning is not None
-            else (None, result.text)
-        )
-        parsed = (self.parse(prepared, answer) if answer is not None
-                  else ParsedOutput(content=None, calls=[]))
+            # Off the replica's event loop (~0.5 s of Python for a 4,096-token output, which
+            # every other request's stream would wait behind), on one writer thread, so a
+            # tenant's outputs are added in order.
+            tenant, scope = suffix_key(prepared)
+            self.suffix_writes = self._suffix_writer.submit(
+                self.suffixes.add, tenant, list(result.token_ids), scope)
+        if self.format.vllm_backed and prepared.mode in ("auto", "none") \
+                and not prepared.raw_prompt and not prepared.calls_in_format:
+            # vLLM's own parsers read reasoning, content and calls together, as vllm serve.
+            reasoning, parsed = self.vllm_parse(prepared, result.text, result.token_ids)
+        else:
+            reasoning, answer = (
+                prepared.reasoning.split(result.text) if prepared.reasoning is not None
+                else (None, result.text)
+            )
+            parsed = (self.parse(prepared, answer) if answer is not None
+                      else ParsedOutput(content=None, calls=[]))
         calls = [Invocation(name=c.name, arguments=c.arguments) for c in parsed.calls]
         if calls and result.finish_reason != "length" and self.uses_history(prepared):
             assert self.history is not None
@@ -642,6 +745,7 @@ class MainModelService:
             reasoning=reasoning,
             calls=calls,
             finish_reason=result.finish_reason,
+            stop_reason=result.stop_reason,
             prompt_tokens=result.prompt_tokens,
             completion_tokens=len(result.token_ids),
             token_ids=result.token_ids,
@@ -676,7 +780,22 @@ class MainModelService:
     def decode_token(self, token_id: int) -> str:
         return str(self.engine.tokenizer.decode([token_id]))
 
+    def vllm_parse(
+        self, prepared: PreparedRequest, text: str, token_ids: list[int]
+    ) -> tuple[str | None, ParsedOutput]:
+        """(reasoning, content and calls) of an output, by vLLM's parsers of the format's and
+        the reasoning parser's names (app/formats/tool_formats/vllm_parsing.py)."""
+        reasoning = prepared.reasoning
+        parsing = VllmParsing(self.format.name, reasoning.parser if reasoning else None,
+                              self.engine.tokenizer)
+        kwargs = {"enable_thinking": reasoning.thinking} if reasoning is not None else None
+        found, parsed = parsing.parse(
+            text, prepared.tools if prepared.mode == "auto" else None, kwargs, token_ids)
+        return found, parsed
+
     def parse(self, prepared: PreparedRequest, text: str) -> ParsedOutput:
+        if prepared.calls_in_format:  # the model wrote its own format: its parser reads it
+            return self.format.parse(text, prepared.tools)
         if prepared.mode in ("required", "named"):
             try:
                 return parse_forced(text, prepared.request.named_tool)
@@ -684,5 +803,5 @@ class MainModelService:
                 # Only when max_tokens cut the JSON short: give the text back, no calls.
                 return ParsedOutput(content=text, calls=[])
         if prepared.mode == "auto":
-            return self.format.parse(text)
+            return self.format.parse(text, prepared.tools)
         return ParsedOutput(content=text, calls=[])

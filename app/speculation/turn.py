@@ -68,6 +68,8 @@ class TurnResult:
     logprobs: Any = None  # the whole output's, in the route's shape
     # The Serve replica that ran it (set by the deployment; None outside Serve).
     replica: str | None = None
+    # The stop string that ended the output, if one did (vLLM's `stop_reason`).
+    stop_reason: str | None = None
 
 
 TurnEvent = TurnDelta | TurnResult

@@ -139,3 +139,69 @@ def test_models_and_health(app_url: str) -> None:
     assert httpx.get(f"{app_url}/healthz").json() == {"status": "ok"}
     models = httpx.get(f"{app_url}/v1/models").json()
     assert models["data"][0]["id"] == "smollm2-135m-instruct"
+
+
+def test_reasoning_in_history_is_served(openai_client) -> None:  # type: ignore[no-untyped-def]
+    """Issue 41: an agent of an interleaved-thinking model sends its earlier turns back with
+    their `reasoning_content` (and `reasoning`): served (200), not refused."""
+    history = [*MESSAGES,
+               {"role": "assistant", "content": None, "reasoning_content": "Use the tool.",
+                "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                    "name": "get_weather",
+                    "arguments": '{"city": "Paris", "unit": "celsius"}'}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "18 degrees"},
+               {"role": "assistant", "content": "It is 18 degrees.", "reasoning": "Short."},
+               {"role": "user", "content": "Thanks!"}]
+    response = openai_client.chat.completions.with_raw_response.create(
+        model="smollm2-135m-instruct", messages=history, tools=[WEATHER], temperature=0,
+        max_tokens=8)
+    assert response.http_response.status_code == 200
+    assert response.parse().choices[0].finish_reason in {"stop", "length", "tool_calls"}
+
+
+def test_a_codex_shaped_responses_request_completes(openai_client) -> None:  # type: ignore[no-untyped-def]
+    """Issue 42: what Codex sends on /v1/responses (store false, reasoning, include,
+    prompt_cache_key, parallel_tool_calls false, a function and a free-form tool)."""
+    response = openai_client.responses.create(
+        model="smollm2-135m-instruct",
+        input=[{"role": "user", "content": [
+            {"type": "input_text", "text": "What is the weather in Paris, in celsius?"}]}],
+        instructions="You are a coding agent.", store=False,
+        reasoning={"effort": "low", "summary": "auto"},
+        include=["reasoning.encrypted_content"], prompt_cache_key="codex-e2e",
+        parallel_tool_calls=False, tool_choice="required", max_output_tokens=48,
+        tools=[{"type": "function", "name": "get_weather",
+                "parameters": WEATHER["function"]["parameters"], "strict": False},
+               {"type": "custom", "name": "apply_patch", "description": "Edit files"}],
+        temperature=0)
+    assert response.status in ("completed", "incomplete")
+    assert response.output and response.output[-1].type in ("function_call",
+                                                            "custom_tool_call")
+    assert response.store is False
+
+
+def test_vllms_own_endpoints(app_url: str) -> None:
+    """vLLM's `/health`, `/version`, `/tokenize` and `/detokenize`, in vLLM's shapes."""
+    assert httpx.get(f"{app_url}/health").status_code == 200
+    assert httpx.get(f"{app_url}/version").json()["version"]
+    by_prompt = httpx.post(f"{app_url}/tokenize", json={
+        "prompt": "Hello world", "return_token_strs": True}).json()
+    assert by_prompt["count"] == len(by_prompt["tokens"]) == len(by_prompt["token_strs"]) > 0
+    assert by_prompt["max_model_len"] >= by_prompt["count"]
+    text = httpx.post(f"{app_url}/detokenize", json={"tokens": by_prompt["tokens"]}).json()
+    assert text["prompt"].endswith("Hello world")
+    chat = httpx.post(f"{app_url}/tokenize", json={"messages": MESSAGES, "tools": [WEATHER]})
+    assert chat.json()["count"] > by_prompt["count"]  # the template and the tools
+    bad = httpx.post(f"{app_url}/detokenize", json={"tokens": [10**9]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+
+
+def test_vllms_sampling_fields_are_served(openai_client) -> None:  # type: ignore[no-untyped-def]
+    """Issue 42: the sampling extras are accepted; min_p decodes without drafts and says why."""
+    response = openai_client.chat.completions.create(
+        model="smollm2-135m-instruct", messages=MESSAGES, tools=[WEATHER],
+        tool_choice="required", temperature=0, max_tokens=32,
+        extra_body={"top_k": 5, "min_p": 0.1, "repetition_penalty": 1.1, "min_tokens": 1,
+                    "session_id": "s-1", "cache_salt": "mine"})
+    report = response.model_extra["ooo_spec"]
+    assert "min_p" in report["no_drafts_reason"] and report["main"]["drafted_tokens"] == 0

@@ -135,10 +135,12 @@ def test_execute_tools_two_rounds_then_final_answer(  # type: ignore[no-untyped-
         tools=[as_request_tool(server_tools["calculator"])],
         tool_choice="required",
         temperature=0,
-        max_tokens=48,
+        # Every turn counts against this one budget (two calls and the answer fit).
+        max_tokens=128,
         extra_body={"ooo_spec": {"enabled": True, "execute_tools": True,
                                  "server_tools": True, "max_steps": 2}},
     )
+    assert response.usage.completion_tokens <= 128
     choice = response.choices[0]
     # `max_steps` tool rounds under `required`, then one turn that must answer in text.
     assert choice.message.tool_calls is None
@@ -152,6 +154,25 @@ def test_execute_tools_two_rounds_then_final_answer(  # type: ignore[no-untyped-
     assert report["main"]["completion_tokens"] == response.usage.completion_tokens
     assert report["main"]["steps"] >= 3
     assert report["timings_ms"]["total"] >= report["timings_ms"]["main"] > 0
+
+
+def test_the_loops_turns_stay_within_max_tokens(  # type: ignore[no-untyped-def]
+    openai_client, server_tools: dict[str, dict[str, Any]]
+) -> None:
+    """Issue 39: `max_tokens: 48` with the loop allowed 16 rounds generated 86 tokens over 3
+    turns. The turns now share the one budget; once it is spent the call comes back."""
+    response = openai_client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "What is 12 * 7? Then add 5 to the result."}],
+        tools=[as_request_tool(server_tools["calculator"])],
+        tool_choice="required",
+        temperature=0,
+        max_tokens=48,
+        extra_body={"ooo_spec": {"enabled": True, "execute_tools": True,
+                                 "server_tools": True, "max_steps": 16}},
+    )
+    assert 0 < response.usage.completion_tokens <= 48
+    assert response.model_extra["ooo_spec"]["main"]["completion_tokens"] <= 48
 
 
 def test_unknown_tool_goes_back_to_the_client(  # type: ignore[no-untyped-def]

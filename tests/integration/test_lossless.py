@@ -550,3 +550,35 @@ async def _suffix_call(service: MainModelService, text: str, enabled: bool) -> T
         "ooo_spec": {"enabled": enabled, "sidecar": False},
     })
     return await service.complete(service.prepare(request, tenant="tenant-a"))
+
+
+# vLLM's sampling extras (issue 42): each with speculation on is plain decoding's output. The
+# penalties and logit_bias change the greedy argmax; top_k and min_p matter only when sampling,
+# so they run seeded at temperature 1 (top_k=1 keeps one token: drafts are accepted or
+# rejected without chance, so equality is exact). min_p and logit_bias decode without drafts.
+@pytest.mark.parametrize("fields, drafts", [
+    ({"top_k": 1, "temperature": 1.0, "seed": 11}, True),
+    ({"min_p": 0.3, "temperature": 1.0, "seed": 11}, False),
+    ({"presence_penalty": 1.5}, True),
+    ({"frequency_penalty": 1.5}, True),
+    ({"repetition_penalty": 1.4}, True),
+    ({"logit_bias": {"1": 4.0, "28": -4.0}}, False),
+], ids=["top_k", "min_p", "presence", "frequency", "repetition", "logit_bias"])
+async def test_sampling_fields_are_lossless(
+    engine: VllmEngine, fields: dict[str, Any], drafts: bool
+) -> None:
+    config = AppConfig.model_validate({"speculation": {"history": {"enabled": False}}})
+    service = MainModelService(config, engine=engine)
+
+    async def generate(enabled: bool) -> TurnResult:
+        request = ChatCompletionRequest.model_validate({
+            "messages": [{"role": "user", "content": PROMPTS[4]}], "tools": TOOLS,
+            "tool_choice": "required", "temperature": 0.0, "max_tokens": 40, **fields,
+            "ooo_spec": {"enabled": enabled, "suffix": False},
+        })
+        return await service.complete(service.prepare(request))
+
+    plain = await generate(False)
+    spec = await generate(True)
+    assert spec.token_ids == plain.token_ids, fields
+    assert (spec.main.drafted_tokens > 0) == drafts, spec.main

@@ -311,3 +311,29 @@ def test_ray_metrics_endpoint_has_the_metrics_with_plausible_values(
     # Pre-executions are either used or wasted.
     pre = prom(telemetry.PRE_EXECUTIONS)
     assert {labels["result"] for name, labels, _ in after if name == pre} <= {"used", "wasted"}
+
+
+def test_each_engine_exports_vllms_own_metrics_through_ray(
+    openai_client: Any, metrics_port: int, lookup_tool: dict[str, Any]
+) -> None:
+    """vLLM's `vllm:*` metrics (its RayPrometheusStatLogger, issue 42) per replica, under vLLM's
+    names as Ray exports them (`ray_` prefix, ':' as '_') and vLLM's labels, speculative
+    acceptance per draft position included."""
+    ask(openai_client, lookup_tool)
+    wanted = {"ray_vllm_num_requests_running", "ray_vllm_kv_cache_usage_perc",
+              "ray_vllm_generation_tokens_total", "ray_vllm_time_to_first_token_seconds_count",
+              "ray_vllm_spec_decode_num_draft_tokens_total",
+              "ray_vllm_spec_decode_num_accepted_tokens_per_pos_total"}
+    samples = wait_until(metrics_port, lambda s: wanted <= {n for n, _, _ in s})
+    missing = wanted - {n for n, _, _ in samples}
+    assert not missing, f"not on Ray's metrics endpoint: {sorted(missing)}"
+    generated = [(labels, value) for name, labels, value in samples
+                 if name == "ray_vllm_generation_tokens_total"]
+    assert any(value > 0 for _, value in generated), generated
+    # One series per engine: the main model's and the sidecar's replicas, by Serve replica.
+    for labels, _ in generated:
+        assert labels["model_name"] == MODEL and labels["ReplicaId"], labels
+    assert len({labels["ReplicaId"] for labels, _ in generated}) >= 2, generated
+    positions = {labels["position"] for name, labels, _ in samples
+                 if name == "ray_vllm_spec_decode_num_accepted_tokens_per_pos_total"}
+    assert "0" in positions, positions

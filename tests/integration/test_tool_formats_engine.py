@@ -1,5 +1,6 @@
 """Each format's own parser agrees with vLLM's parser of the same name on real outputs of
-the embedded model (SmolLM2-135M, float32), prompted with that format's fallback tool prompt.
+the embedded model (SmolLM2-135M, float32), prompted with that format's fallback tool prompt;
+forced calls through a format's structural tag come out identical with speculation on and off.
 
 Greedy and seeded samples, so the outputs include calls, text answers and the model's slips.
 `OOO_SPEC_CAPTURE_OUTPUTS=path` writes the outputs as JSON (tests/unit/data/ keeps one capture
@@ -11,12 +12,17 @@ import asyncio
 import json
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
-from app.config import EngineConfig
+from app.config import AppConfig, EngineConfig, SpeculationConfig
 from app.engine.vllm_engine import VllmEngine
+from app.formats.structural_tag import engine_tag_model
 from app.formats.tool_formats import FORMATS, get_format
+from app.main_model.service import MainModelService
+from app.openai_models import ChatCompletionRequest
+from app.speculation.prediction import PredictedCall, Prediction
 from tests.integration.test_lossless import PROMPTS, TOOLS
 from tests.unit.test_tool_formats import own_calls, vllm_calls
 
@@ -33,7 +39,8 @@ PREFILL = {"hermes": "<tool_call>\n", "llama3_json": '{"name": "', "mistral": "[
 @pytest.fixture(scope="module")
 def engine() -> Iterator[VllmEngine]:
     eng = VllmEngine(EngineConfig(model="embedded", dtype="float32", max_model_len=2048,
-                                  kv_cache_gib=0.5))
+                                  kv_cache_gib=0.5),
+                     SpeculationConfig(num_speculative_tokens=16, prompt_lookup_fallback=True))
     eng.start()
     yield eng
     eng.stop()
@@ -67,3 +74,91 @@ async def test_own_parsers_agree_with_vllm_on_model_outputs(engine: VllmEngine) 
     if path:
         with open(path, "w", encoding="utf-8") as fh:
             json.dump(captured, fh, ensure_ascii=False, indent=1)
+
+
+@pytest.mark.parametrize("name", ["hermes", "llama3_json"])
+async def test_forced_calls_through_the_structural_tag_are_lossless(
+    engine: VllmEngine, name: str
+) -> None:
+    """`required` and a named tool under the format's structural tag (issue 41): the model
+    writes the call in its own format, the format's parser reads it, and with speculation on
+    (schema drafts, the sidecar's prediction, history) the tokens are plain decoding's."""
+    config = AppConfig.model_validate({"main": {"engine": {"tool_format": name}},
+                                       "speculation": {"history": {"min_similarity": 0.5}}})
+    service = MainModelService(config, engine=engine)
+    assert engine_tag_model(config.main.engine) is not None
+    fmt = get_format(name)
+    tallies: dict[str, list[int]] = {}
+    for prompt, choice in [(PROMPTS[0], "required"), (PROMPTS[2], "required"),
+                           (PROMPTS[0], {"type": "function", "function": {"name": "get_weather"}})]:
+        def request(enabled: bool, prompt: str = prompt, choice: object = choice) -> Any:
+            return ChatCompletionRequest.model_validate({
+                "messages": [{"role": "user", "content": prompt}], "tools": TOOLS,
+                "tool_choice": choice, "temperature": 0.0, "max_tokens": 96,
+                "ooo_spec": {"enabled": enabled}})
+        plain = await service.complete(service.prepare(request(False)))
+        assert plain.text.startswith(fmt.start_marker), plain.text
+        assert plain.calls, plain.text
+        assert [c.name for c in plain.calls] == [c.name for c in fmt.parse(plain.text).calls]
+
+        async def predicted(calls: list[Any] = plain.calls) -> Prediction:
+            return Prediction(candidates=[[PredictedCall(name=c.name, arguments=c.arguments)
+                                           for c in calls]])
+
+        for prediction in (None, predicted()):
+            spec = await service.complete(service.prepare(request(True)), prediction)
+            assert spec.token_ids == plain.token_ids, (name, prompt, spec.text, plain.text)
+            for source, tally in spec.main.sources.model_dump().items():
+                sums = tallies.setdefault(source, [0, 0])
+                sums[0] += tally["drafted_tokens"]
+                sums[1] += tally["accepted_tokens"]
+    print(f"{name}: drafted/accepted tokens per source {tallies}")
+    assert sum(accepted for _, accepted in tallies.values()) > 0, tallies
+
+
+# First-class families read by vLLM's parser, whose markers the embedded tokenizer writes as
+# plain text: the family's template (app/formats/templates/) is the engine's chat template.
+@pytest.mark.parametrize("name", ["qwen3_coder", "glm47", "minimax_m2"])
+async def test_family_template_forced_calls_are_lossless(engine: VllmEngine, name: str) -> None:
+    """The embedded model under a family's template, its call forced through the family's
+    structural tag: the format's text comes out, vLLM's parser of the name reads the call,
+    and with the sidecar's prediction, history and schema drafts the tokens are plain
+    decoding's (float32)."""
+    from app.formats.tool_formats.families import FAMILIES
+
+    own = engine.tokenizer.chat_template
+    engine.tokenizer.chat_template = FAMILIES[name].template_text()
+    try:
+        config = AppConfig.model_validate({
+            "main": {"engine": {"tool_format": name, "chat_template": name}},
+            "speculation": {"history": {"min_similarity": 0.5}}})
+        service = MainModelService(config, engine=engine)
+        service.format = get_format(name, engine.tokenizer)  # what start() binds
+        fmt = service.format
+
+        def request(enabled: bool) -> Any:
+            return ChatCompletionRequest.model_validate({
+                "messages": [{"role": "user", "content": PROMPTS[0]}], "tools": TOOLS,
+                "tool_choice": "required", "temperature": 0.0, "max_tokens": 64,
+                "ooo_spec": {"enabled": enabled}})
+
+        plain = await service.complete(service.prepare(request(False)))
+        assert plain.text.startswith(fmt.start_marker), plain.text
+        assert plain.calls, plain.text
+
+        async def predicted() -> Prediction:
+            return Prediction(candidates=[[PredictedCall(name=c.name, arguments=c.arguments)
+                                           for c in plain.calls]])
+
+        tallies: dict[str, list[int]] = {}
+        for prediction in (None, predicted()):
+            spec = await service.complete(service.prepare(request(True)), prediction)
+            assert spec.token_ids == plain.token_ids, (name, spec.text, plain.text)
+            for source, tally in spec.main.sources.model_dump().items():
+                sums = tallies.setdefault(source, [0, 0])
+                sums[0] += tally["drafted_tokens"]
+                sums[1] += tally["accepted_tokens"]
+        print(f"{name}: {plain.text!r}\n  drafted/accepted tokens per source {tallies}")
+        assert sum(accepted for _, accepted in tallies.values()) > 0, tallies
+    finally:
+        engine.tokenizer.chat_template = own

@@ -710,3 +710,23 @@ async def test_without_a_budget_the_loop_runs_to_max_steps() -> None:
                          request(execute_tools=True, max_steps=2), script)
     assert len(script.payloads) == 3  # two tool rounds, then the text answer
     assert out["usage"]["completion_tokens"] == 60
+
+
+async def test_no_later_turn_of_the_loop_starts_more_engine_requests_than_were_admitted() -> None:
+    """The key's slot is sized once, from the request (`work_of`); every later turn of the loop
+    asks for no more engine requests at once (the same tools and mode, or `tool_choice:
+    none`), so the slot covers each turn."""
+    from app.api.work import WorkPlan, sidecar_requests
+
+    clock = ManualClock()
+    script = GreedyScript(10, clock)
+    req = request(execute_tools=True, max_steps=3)
+    await complete(ChatService("m", False, FakePool(lookup_s=0.01, clock=clock), clock=clock),
+                   req, script)
+    plan = WorkPlan(slots_mode=True, max_slots=32)
+    admitted = sidecar_requests(req, plan)
+    assert admitted >= 2 and len(script.payloads) == 4
+    for payload in script.payloads:
+        turn = ChatCompletionRequest.model_validate(
+            {k: v for k, v in payload.items() if not k.startswith("_")})
+        assert sidecar_requests(turn, plan) <= admitted

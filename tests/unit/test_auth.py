@@ -132,3 +132,29 @@ def test_the_limit_counts_engine_requests() -> None:
     with pytest.raises(ApiError):
         limiter.acquire(key).resize(50)
     other.release()
+
+
+def test_the_anonymous_cap_is_clamped_to_the_routers_capacity() -> None:
+    """Unset, it is what the Router deployment holds at once; set higher, it is clamped to
+    that (the router reads its own `max_ongoing_requests` at start)."""
+    assert AuthConfig().max_concurrent_anonymous is None
+    assert ApiKeys.from_config(AuthConfig(), {}).anonymous.max_concurrent == 64
+    clamped = ApiKeys.from_config(AuthConfig(max_concurrent_anonymous=256), {}, 32)
+    assert clamped.anonymous.max_concurrent == 32
+    assert ApiKeys.from_config(AuthConfig(max_concurrent_anonymous=8), {}, 32).anonymous \
+        .max_concurrent == 8
+
+
+def test_keys_may_share_a_tenant() -> None:
+    """`auth.api_keys[].tenant`: a client's keys are one tenant (one share of every per-tenant
+    bound); keys without one are tenants of their own, as before."""
+    config = AuthConfig.model_validate({"api_keys": [
+        {"key": "first-key-acme", "tenant": "acme"}, {"key": "second-key-acme", "tenant": "acme"},
+        {"key": "a-lone-key"}, {"key": "another-key"}]})
+    keys = ApiKeys.from_config(config, {})
+    tenants = [keys.authenticate(f"Bearer {k}").tenant
+               for k in ("first-key-acme", "second-key-acme", "a-lone-key", "another-key")]
+    assert tenants[0] == tenants[1]
+    assert len(set(tenants)) == 3 and "acme" not in tenants[0]
+    assert keys.authenticate("Bearer first-key-acme").key_id != keys.authenticate(
+        "Bearer second-key-acme").key_id  # each key keeps its own concurrency limit

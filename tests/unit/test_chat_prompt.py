@@ -39,6 +39,11 @@ TOOLS_TEMPLATE = """\
 {%- for message in messages %}
 {%- if message.role == 'system' %}
 {%- elif message.role == 'assistant' %}<|im_start|>assistant
+{%- if message.reasoning_content %}
+<think>
+{{ message.reasoning_content }}
+</think>
+{%- endif %}
 {{ message.content }}
 {%- for tc in message.tool_calls or [] %}
 <tool_call>
@@ -86,6 +91,16 @@ BODIES: list[dict[str, Any]] = [
     {"messages": [{"role": "user", "content": "Just talk."}], "tools": [WEATHER],
      "tool_choice": "none"},
     {"messages": [{"role": "user", "content": "No tools at all."}]},
+    # Reasoning in history (issue 41): under vLLM's old name and its new one.
+    {"messages": [
+        {"role": "user", "content": "Weather in Rome?"},
+        {"role": "assistant", "content": None, "reasoning_content": "Rome: call the tool.",
+         "tool_calls": [{"id": "call_1", "type": "function",
+                         "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 21}'},
+        {"role": "assistant", "content": "21 degrees.", "reasoning": "Answer briefly."},
+        {"role": "user", "content": "And Oslo?"},
+    ], "tools": [WEATHER]},
 ]
 
 
@@ -235,3 +250,49 @@ def test_config_check_reports_the_prompt_and_a_format_mismatch(tools_model: Path
     wrong = DeploymentReport(name="MainModel", actor={}, actor_from="test")
     check_tool_format(wrong, EngineConfig(model=str(tools_model), tool_format="pythonic"))
     assert len(wrong.warnings) == 1 and "'pythonic'" in wrong.warnings[0]
+
+
+def test_reasoning_in_history_reaches_a_template_that_reads_it(tools_model: Path) -> None:
+    """The earlier turns' thinking is in the prompt of a template that renders
+    `reasoning_content` (the bytes vLLM renders: `test_prompt_is_vllms_byte_for_byte`), and a
+    template that ignores it (the embedded SmolLM2's, through the format's fallback) drops it."""
+    body = BODIES[-1]
+    tokenizer = _tokenizer(str(tools_model))
+    request = ChatCompletionRequest.model_validate(body)
+    text = tokenizer.decode(service(tools_model).prompt_ids(request, request.tool_dicts()))
+    assert "<think>\nRome: call the tool.\n</think>" in text
+    assert "<think>\nAnswer briefly.\n</think>" in text
+    plain = chat_prompt.template_messages(request.message_dicts())
+    assert [m.get("reasoning_content") for m in plain] == [
+        None, "Rome: call the tool.", None, "Answer briefly.", None]
+    fallback = get_format("hermes").prepare_messages(request.message_dicts(), None)
+    assert not any("Rome: call the tool." in m["content"] for m in fallback)
+
+
+class _JinjaTokenizer:
+    """A chat template alone (the ChatTokenizer surface the probes use)."""
+
+    def __init__(self, template: str) -> None:
+        import jinja2
+
+        self.chat_template = template
+        self._template = jinja2.Environment().from_string(template)
+
+    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> str:
+        kwargs.pop("tokenize", None)
+        return self._template.render(messages=conversation, **kwargs)
+
+
+def test_a_template_that_never_renders_calls_is_warned_about() -> None:
+    """Issue 41: a template that lists tools but drops past calls (the probe call's name never
+    appears) would leave the model without its own format: warned about, whatever the format;
+    the same template writing the calls is not."""
+    drops = ("{% if tools %}Tools: {{ tools | tojson }}\n{% endif %}"
+             "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}")
+    writes = drops.replace("{{ m.content }}", "{{ m.content }}{% for c in m.tool_calls or [] %}"
+                           '<tool_call>{"name": "{{ c.function.name }}"}</tool_call>'
+                           "{% endfor %}")
+    for name in ("hermes", "pythonic"):
+        warning = chat_prompt.format_mismatch(_JinjaTokenizer(drops), get_format(name))
+        assert warning is not None and "never renders a past tool call" in warning
+    assert chat_prompt.format_mismatch(_JinjaTokenizer(writes), get_format("hermes")) is None

@@ -1,4 +1,4 @@
-"""`ooo-spec config check` (app/config_check.py): every shipped config passes, the GPU config's
+"""`ooo-spec config check` (app/config_check/): every shipped config passes, the GPU config's
 engines get what a GPU needs, and configs that cannot start fail naming the setting."""
 
 from __future__ import annotations
@@ -381,6 +381,28 @@ def test_tensor_parallel_needs_its_gpus_in_the_deployment_options() -> None:
                for e in check(cpu).errors)
 
 
+def test_the_recommended_bundle_carries_memory_and_the_accelerator_type() -> None:
+    """Every resource Ray demands of the replica actor is in the bundle `config check`
+    recommends (Ray's own conversion: `resources_from_ray_options`), or the replica would
+    stay pending; the last round's bundle without them is refused, naming the right one."""
+    from ray._common.utils import resources_from_ray_options
+
+    config = _tensor_parallel(load(GPU_CONFIG), 2)
+    entry = next(d for d in config["applications"][0]["deployments"] if d["name"] == "MainModel")
+    entry["ray_actor_options"].update(memory=64 * 2**30, accelerator_type="H100")
+    report = check(config)
+    errors = [e for e in report.errors if "placement_group_bundles" in e]
+    assert errors and "'memory': 68719476736.0" in errors[0]
+    assert "'accelerator_type:H100': 0.001" in errors[0]
+    main = next(d for d in report.applications[0].deployments if d.name == "MainModel")
+    assert main.placement is not None
+    (bundle,) = main.placement.placement_group_bundles
+    for resource, amount in resources_from_ray_options(entry["ray_actor_options"]).items():
+        assert bundle.get(resource, 0) >= amount, resource
+    entry["placement_group_bundles"] = main.placement.placement_group_bundles
+    assert check(config).ok, check(config).errors
+
+
 def test_tensor_parallel_4_on_a_1_gpu_worker_group_is_refused(tmp_path: Path) -> None:
     """A RayService manifest: the worker group the pool resource pins MainModel to has one
     GPU per pod (k8s/base/rayservice.yaml), so four ranks cannot be on one node."""
@@ -425,3 +447,19 @@ def test_tensor_parallel_must_divide_the_attention_heads() -> None:
                for e in check(config).errors)
     _main_engine(config)["tensor_parallel_size"] = 3
     assert not [e for e in check(config).errors if "attention heads" in e]
+
+
+def test_the_anonymous_cap_may_not_exceed_what_the_router_holds() -> None:
+    """Beyond the Router's `max_ongoing_requests` Serve queues requests where no limit answers
+    them (issue 39: 256 anonymous engine requests against a router of 64)."""
+    config = load(ROOT / "configs" / "local.yaml")
+    app = config["applications"][0]
+    app["args"].setdefault("auth", {})["max_concurrent_anonymous"] = 256
+    errors = check(config).errors
+    assert any("max_concurrent_anonymous is 256" in e and "(64)" in e for e in errors)
+    app["deployments"] = [e for e in app.get("deployments") or [] if e.get("name") != "Router"]
+    app["deployments"].append({"name": "Router", "max_ongoing_requests": 300})
+    assert not any("max_concurrent_anonymous" in e for e in check(config).errors)
+    app["args"]["auth"]["max_concurrent_anonymous"] = 64
+    app["deployments"][-1]["max_ongoing_requests"] = 64
+    assert not any("max_concurrent_anonymous" in e for e in check(config).errors)

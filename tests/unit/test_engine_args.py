@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from app.config import EngineConfig, SpeculationConfig, load_config
-from app.engine.cuda_driver import driver_problem, minimum_driver
+from app.engine.cuda_driver import driver_check, driver_problem, minimum_driver
 from app.engine.engine_args import (
     MODEL_RUNNER_ENV,
     PROPOSER_CLASS,
@@ -171,11 +171,38 @@ def test_minimum_driver_per_cuda_build(cuda: str, driver: tuple[int, ...]) -> No
 def test_driver_problem_names_the_driver_to_install() -> None:
     assert driver_problem("12.8", "570.133.20") is None
     assert driver_problem("12.8", "570.26") is None
-    problem = driver_problem("12.8", "535.183.01")
+    # CUDA minor version compatibility: any 12.x runs on 525.60.13 or newer, 13.x on 580.
+    assert driver_problem("12.8", "535.183.01") is None
+    problem = driver_problem("12.8", "520.61.05")
     assert problem is not None
-    assert "535.183.01" in problem and "570.26" in problem and "CUDA 12.8" in problem
+    assert "520.61.05" in problem and "525.60.13" in problem and "CUDA 12.8" in problem
     with pytest.raises(ValueError):
         minimum_driver("10.2")
+
+
+@pytest.mark.parametrize(
+    ("cuda", "driver", "verdict"),
+    [
+        ("12.8", "525.60.13", "warn"),  # the 12.x floor itself
+        ("12.8", "525.60.12", "refuse"),
+        ("12.8", "535.183.01", "warn"),  # between the floor and 12.8's own 570.26
+        ("12.8", "570.26", "ok"),
+        ("12.4", "550.54.14", "ok"),
+        ("13.0", "575.51.03", "refuse"),  # a 12.x driver: nothing of 13.x runs
+        ("13.0", "580.0", "warn"),
+        ("13.0", "580.65.06", "ok"),
+        ("13.1", "580.82.07", "warn"),
+        ("11.8", "450.80.02", "warn"),
+        ("11.8", "450.51.06", "refuse"),
+        ("14.0", "600.1", "warn"),  # a major version this code does not know: not refused
+    ],
+)
+def test_the_driver_is_refused_below_the_major_versions_floor_only(
+        cuda: str, driver: str, verdict: str) -> None:
+    check = driver_check(cuda, driver)
+    got = "refuse" if check.refusal else "warn" if check.warning else "ok"
+    assert got == verdict, check
+    assert check.refusal is None or check.warning is None
 
 
 def test_batch_invariant_reaches_the_cuda_engines_environment() -> None:

@@ -12,12 +12,16 @@ from app.config_check import check_file
 from load_tests.bench import Record as BenchRecord
 from load_tests.bench import RequestSettings, build_request, parse_modes
 from load_tests.gpu_smoke import (
+    ALL_MODES,
     SMOKE_CONFIG,
     SmokeRow,
+    deployed_modes,
     format_smoke,
     run_cases,
+    run_records,
     smoke_cases,
     smoke_problems,
+    smoke_report,
     smoke_rows,
 )
 from tests.unit.test_bench import FakeCompletions, cases_q, fake_client
@@ -117,3 +121,49 @@ def test_the_script_stops_before_starting_anything_when_the_models_are_absent(
     assert done.returncode == 1, done.stdout + done.stderr
     assert "`main.engine.model` = 'Qwen/Qwen3-8B' is not in the Hugging Face cache" in done.stdout
     assert "load_tests" not in done.stderr  # the smoke run itself never started
+
+
+def test_every_mode_runs_where_the_config_deploys_its_engine() -> None:
+    h200 = yaml.safe_load((ROOT / "configs" / "gpu-smoke-1gpu-h200.yaml").read_text())
+    assert deployed_modes(h200, ALL_MODES) == (list(ALL_MODES), {})
+    h100 = yaml.safe_load((ROOT / SMOKE_CONFIG).read_text())
+    modes, skipped = deployed_modes(h100, ALL_MODES)
+    assert modes == ["plain", "drafts", "ooo"] and set(skipped) == {"ngram", "suffix"}
+
+
+def test_the_json_report_has_passes_times_and_acceptance_per_mode() -> None:
+    completions = FakeCompletions()
+    records, stop = run_records(fake_client(completions), cases_q(2), "m", 5, "plain,ooo")
+    report = smoke_report(records, stop, {"gpu": "H200"}, "c.yaml", ["plain", "ooo"], {},
+                          {"total_s": 1.0})
+    assert report["passed"] and report["facts"] == {"gpu": "H200"}
+    ooo = report["per_mode"]["ooo"]
+    assert ooo["requests"] == 2 and ooo["errors"] == 0
+    assert ooo["passes"] == 4 and ooo["tokens_per_pass"] == 10.0
+    assert ooo["identical_to_plain"] == "1/2"  # the fake's q1 differs
+    assert ooo["e2e_ms_median"] is not None
+    assert [c["case_id"] for c in report["cases"]] == ["simple_python_0", "simple_python_1"]
+
+
+def test_the_dry_run_rehearses_every_step_without_a_gpu(tmp_path: Path) -> None:
+    """scripts/gpu_smoke.sh --dry-run, as CI runs it: the install's extra, `config check` of
+    the every-mode config, every case's request in every mode, the JSON report written."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "smoke.json"
+    env = {**os.environ, "PYTHON": sys.executable,
+           "PATH": ":".join(p for p in os.environ["PATH"].split(":")
+                            if not os.path.exists(os.path.join(p, "nvidia-smi")))}
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_smoke.sh"), "--dry-run", "--install",
+         "--out", str(out), "--limit", "1"],
+        env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "would run:" in done.stderr and "requests built per mode" in done.stderr
+    report = json.loads(out.read_text())
+    assert report["dry_run"] and report["facts"]["dry_run"] and report["passed"]
+    assert report["modes"] == list(ALL_MODES) and report["skipped_modes"] == {}
+    assert report["config"] == "configs/gpu-smoke-1gpu-h200.yaml"

@@ -13,6 +13,7 @@ import pytest
 import xgrammar as xgr
 
 from app.check_pool import CheckPool
+from app.formats import grammar_check
 from app.formats.grammar_check import GrammarCheck, GrammarKind, GrammarTooSlow
 
 VOCAB = [chr(c) for c in range(32, 127)] + ['{"', '":', '",', "ab", "</s>"]
@@ -107,7 +108,7 @@ async def test_a_slow_grammar_is_refused_at_the_limit_without_blocking_the_loop(
         with pytest.raises(GrammarTooSlow, match="CPU time"):
             await asyncio.wait_for(checked, 30)
         assert not compiling.ended[0].is_set()  # refused while its compile still ran
-    assert list(check._verdicts.values()) == [False]
+    assert [fast for _, _, fast in check._verdicts.items()] == [False]
 
 
 @pytest.mark.timeout(120)
@@ -137,7 +138,7 @@ async def test_a_check_waiting_for_a_thread_is_refused_at_the_wait_cap() -> None
         with pytest.raises(GrammarTooSlow, match="0.00 s of CPU time"):
             await asyncio.wait_for(check.check(SIMPLE, TENANT), 30)
         assert compiles == []  # refused without ever being compiled
-        assert check._verdicts == {}  # the wait's fault, not the schema's: not remembered
+        assert len(check._verdicts) == 0  # the wait's fault, not the schema's: not remembered
     finally:
         release.set()
         assert await asyncio.gather(*held) == [True, True]
@@ -160,7 +161,7 @@ async def test_the_served_bounded_whitespace_grammar_is_checked_too() -> None:
     async with compiling_until_released(slow):
         with pytest.raises(GrammarTooSlow):
             await asyncio.wait_for(slow.check_ebnf(grammar, TENANT), 30)
-    assert list(slow._verdicts.items()) == [((TENANT, "ebnf", grammar), False)]
+    assert slow._verdicts.items() == [(TENANT, ("ebnf", grammar), False)]
 
 
 async def test_a_refused_grammar_is_refused_at_once_the_next_time() -> None:
@@ -188,4 +189,24 @@ async def test_regexes_are_checked_for_the_sidecar() -> None:
     check = checker(30)
     await check.check_sampling({"structured_regex": "[a-z]{1,5}"}, TENANT)
     await check.check_sampling({"max_tokens": 1}, TENANT)  # no grammar: nothing to check
-    assert list(check._verdicts) == [(TENANT, "regex", "[a-z]{1,5}")]
+    assert [(t, key) for t, key, _ in check._verdicts.items()] == [(TENANT, ("regex",
+                                                                            "[a-z]{1,5}"))]
+
+
+async def test_one_tenants_new_schemas_never_evict_another_tenants_verdicts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The verdict cache has a share per tenant (app/tenancy.py `TenantLru`): a tenant sending
+    schema after new schema evicts its own verdicts, not another tenant's (issue 39)."""
+    monkeypatch.setattr(grammar_check, "_REMEMBERED_PER_TENANT", 2)
+    monkeypatch.setattr(grammar_check, "_REMEMBERED", 4)
+    check = checker(30)
+    await check.check_text("regex", "[a-z]{1,3}", "tenant-b")
+    for width in range(2, 8):
+        await check.check_text("regex", f"[0-9]{{1,{width}}}", TENANT)
+    assert check._verdicts.held(TENANT) == 2 and check._verdicts.held("tenant-b") == 1
+    compiles: list[str] = []
+    original = check._compile
+    check._compile = lambda kind, text: compiles.append(text) or original(kind, text)  # type: ignore[method-assign]
+    await check.check_text("regex", "[a-z]{1,3}", "tenant-b")
+    assert compiles == []  # still remembered: not compiled again

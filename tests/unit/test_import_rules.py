@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("app", "deployments")
 # Modules under app/ that every layer may import: they import none of the layers above.
 SHARED = ("app.config", "app.telemetry", "app.cpu_budget", "app.check_pool", "app.openai_models",
-          "app.output_format", "app.tenancy", "app.home", "app.faults", "app.datasets")
+          "app.vllm_names", "app.output_format", "app.tenancy", "app.home", "app.faults",
+          "app.datasets")
 ABOVE_ALL = ("app.api", "app.tools", "app.distill", "deployments", "app.cli")
 # The engine rooms, lowest first: each may import the rooms before it, never one after it
 # (app/README.md): how models write, drafting, the engines and their platform, then the two

@@ -125,3 +125,33 @@ def test_pod_monitor_scrapes_ray_metrics_on_every_ray_pod(overlay: str) -> None:
     # Jaeger is not a Ray pod: the monitor must not select it.
     jaeger = the(objects, "Deployment", "jaeger")["spec"]["template"]["metadata"]["labels"]
     assert not selector.items() <= jaeger.items()
+
+
+def vllm_metric_names() -> set[str]:
+    """vLLM's own `vllm:*` metrics as Ray exports them through its RayPrometheusStatLogger
+    (`ray_` prefix, ':' as '_'), read from vLLM's source."""
+    import vllm.v1.metrics.loggers as loggers
+    import vllm.v1.spec_decode.metrics as spec_metrics
+
+    names: set[str] = set()
+    for module in (loggers, spec_metrics):
+        names |= set(re.findall(r'"vllm:(\w+)"', Path(module.__file__).read_text()))
+    return {f"ray_vllm_{n}" for n in names}
+
+
+def test_dashboard_charts_vllms_standard_panels_by_their_exported_names() -> None:
+    """Issue 42: the engines' own metrics (latency, throughput, queue, KV and prefix cache,
+    speculative acceptance per position), each a series vLLM exports through Ray."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    known = vllm_metric_names()
+    charted = set()
+    for expr in expressions(dashboard):
+        for name in re.findall(r"\bray_vllm_\w+", expr):
+            base = re.sub(r"_(total|bucket|count|sum)$", "", name)
+            assert base in known, f"{name}: not a metric vLLM exports"
+            charted.add(base)
+    assert {"ray_vllm_time_to_first_token_seconds", "ray_vllm_inter_token_latency_seconds",
+            "ray_vllm_e2e_request_latency_seconds", "ray_vllm_num_requests_running",
+            "ray_vllm_num_requests_waiting", "ray_vllm_kv_cache_usage_perc",
+            "ray_vllm_prefix_cache_hits", "ray_vllm_generation_tokens",
+            "ray_vllm_spec_decode_num_accepted_tokens_per_pos"} <= charted

@@ -54,12 +54,23 @@ def test_an_old_driver_fails_naming_the_driver_the_image_needs() -> None:
     """torch built for CUDA 13.0 sees no GPU on a 570 driver; vLLM (NVML) would still pick
     CUDA and fail inside torch. The replica fails first, with the driver to install."""
     old = FakeNvml(1, "570.133.20")
-    with pytest.raises(DriverTooOld, match=r"580\.65\.06") as raised:
+    with pytest.raises(DriverTooOld, match=r"older than 580 ") as raised:
         detect_platform(old, cpu_build=False, cuda_version="13.0")
-    assert "570.133.20" in str(raised.value)
+    assert "570.133.20" in str(raised.value) and "580.65.06" in str(raised.value)
     assert detect_platform(FakeNvml(1, "580.82.07"), cpu_build=False, cuda_version="13.0") == "cuda"
     # A CPU torch has no CUDA to check against.
     assert detect_platform(old, cpu_build=False, cuda_version="") == "cuda"
+
+
+def test_a_driver_between_the_floor_and_torchs_own_starts_with_a_warning(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """CUDA minor version compatibility: torch for 12.8 runs on a 535 driver (12.x's floor is
+    525.60.13); a kernel compiled at run time may not, which the replica's log says."""
+    with caplog.at_level("WARNING", logger="app.engine.cuda_driver"):
+        assert detect_platform(FakeNvml(1, "535.183.01"), cpu_build=False,
+                               cuda_version="12.8") == "cuda"
+    assert any("570.26" in r.getMessage() and "minor version compatibility" in r.getMessage()
+               for r in caplog.records)
 
 
 def test_this_machine_is_cpu() -> None:

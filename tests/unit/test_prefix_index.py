@@ -77,7 +77,7 @@ def test_a_removed_replica_is_never_chosen() -> None:
 
 
 def test_memory_is_bounded_and_the_least_recently_used_prefix_goes_first() -> None:
-    index = TenantPrefixIndex(max_entries=6)
+    index = TenantPrefixIndex(max_entries=6, max_entries_per_tenant=6)
     keys = [prompt_key(f"t{i}", TOOLS, turn(0)) for i in range(4)]  # 2 prefixes each
     index.insert(keys[0], "r1")
     index.insert(keys[1], "r1")
@@ -85,10 +85,37 @@ def test_memory_is_bounded_and_the_least_recently_used_prefix_goes_first() -> No
     assert index.longest_match(keys[0], {"r1"}) is not None  # t0 used again: most recent
     index.insert(keys[3], "r1")
     assert len(index) == 6
-    assert index.longest_match(keys[1], {"r1"}) is None  # t1 was the least recently used
-    assert all(index.longest_match(k, {"r1"}) is not None for k in (keys[0], keys[2], keys[3]))
+    # Of the tenants holding the most, the least recently used lose their oldest prefix.
+    assert (index.held("t1"), index.held("t2")) == (1, 1)
+    assert all(index.longest_match(k, {"r1"}) is not None for k in (keys[0], keys[3]))
+    assert index.held("t0") == index.held("t3") == 2
     with pytest.raises(ValueError):
         TenantPrefixIndex(max_entries=0)
+    with pytest.raises(ValueError):
+        TenantPrefixIndex(max_entries=8, max_entries_per_tenant=0)
+
+
+def test_one_tenants_long_conversations_never_evict_another_tenants_prefixes() -> None:
+    """Issue 39: one entry per message, so ~200 requests of 512 tiny messages flushed every
+    other tenant's affinity from one shared LRU. Each tenant now has its own capacity, and a
+    full index takes from the tenant holding the most."""
+    index = TenantPrefixIndex(max_entries=100, max_entries_per_tenant=40)
+    victim = prompt_key("victim", TOOLS, turn(3))  # 8 prefixes: the tools, 7 messages
+    index.insert(victim, "r1")
+    for flood in range(50):
+        many = [{"role": "user", "content": f"{flood}-{i}"} for i in range(30)]
+        index.insert(prompt_key("flooder", TOOLS, many), "r2")
+    assert index.held("flooder") == 40 and index.held("victim") == 8
+    assert index.longest_match(victim, {"r1", "r2"}) == PrefixMatch("r1", victim.lengths[-1])
+    # Many flooding tenants (keys) fill the whole index: still the largest lose first.
+    for other in range(5):
+        for flood in range(3):
+            many = [{"role": "user", "content": f"{other}-{flood}-{i}"} for i in range(30)]
+            index.insert(prompt_key(f"flooder-{other}", TOOLS, many), "r2")
+    assert len(index) == 100
+    assert index.longest_match(victim, {"r1", "r2"}) == PrefixMatch("r1", victim.lengths[-1])
+    index.drop_replica("r2")
+    assert len(index) == 8 and index.replicas() == {"r1"}
 
 
 def test_routing_log_hands_each_decision_over_once_and_stays_bounded() -> None:
@@ -104,3 +131,13 @@ def test_routing_log_hands_each_decision_over_once_and_stays_bounded() -> None:
     assert len(log) == 3
     assert log.take("a", "Sidecar") is None  # the oldest went first
     assert log.take("d", "MainModel") == affinity
+
+
+def test_a_prompt_that_cannot_be_encoded_is_keyed_without_raising() -> None:
+    # Keying runs inside Serve's routing, where an exception leaves the request unassigned
+    # until its timeout (issue 39): a lone surrogate (refused by the router's checks anyway)
+    # must still hash.
+    odd = [{"role": "user", "content": "a\ud800"}]
+    key = prompt_key("t\udfff", [{"description": "\udbff"}], odd)
+    assert len(key.hashes) == 2 and key != prompt_key("t", [], odd)
+    assert prompt_key("t", [], odd) != prompt_key("t", [], [{"role": "user", "content": "a"}])

@@ -4,6 +4,7 @@ answer queue-length probes in-process, and `affinity_decision` (app/api/prefix_i
 from __future__ import annotations
 
 from typing import Any
+from unittest import mock
 
 from ray.serve._private.common import (
     DeploymentHandleSource,
@@ -137,6 +138,12 @@ async def test_payload_key_reads_the_routers_payload() -> None:
     assert key is not None and key.tenant == "a" and len(key.hashes) == 4  # tools + 3 messages
     assert payload_key([]) is None
     assert payload_key([{"prompt": "text"}]) is None  # completions: power of two choices
+    # Whatever the payload holds, keying never raises inside Serve's routing (issue 39): a
+    # payload it cannot key goes to power of two choices.
+    odd = {"messages": [{"role": "user", "content": "a\ud800"}], "tools": [{"x": {1, 2}}]}
+    assert payload_key([odd]) is not None
+    with mock.patch("deployments.prefix_router.prompt_key", side_effect=TypeError("odd")):
+        assert payload_key(request("a", 1).args) is None
 
 
 def test_affinity_decision() -> None:
@@ -147,3 +154,14 @@ def test_affinity_decision() -> None:
     assert affinity_decision(match, {"r1": 8, "r2": 4}, 100, 4) == AffinityDecision(
         "r1", 500, "affinity")
     assert affinity_decision(match, {"r2": 0}, 100, 4).replica == "r1"  # r1's load unknown
+
+
+async def test_a_clients_session_key_is_its_affinity_key() -> None:
+    """Issue 42: `prompt_cache_key` (else `session_id`) first in the key, within the tenant."""
+    base = dict(request("a", 1).args[0])
+    one = payload_key([{**base, "prompt_cache_key": "conv"}])
+    other = payload_key([{**base, "messages": [{"role": "user", "content": "new"}],
+                          "session_id": "conv"}])
+    assert one is not None and other is not None and one.hashes[0] == other.hashes[0]
+    plain = payload_key([base])
+    assert plain is not None and len(one.hashes) == len(plain.hashes) + 1

@@ -32,15 +32,26 @@ def response(**extra: Any) -> dict[str, Any]:
     return {"input": "hi", **extra}
 
 
+def message(**extra: Any) -> dict[str, Any]:
+    return {"model": "m", "max_tokens": 16, "messages": MESSAGES, **extra}
+
+
+def count(**extra: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": MESSAGES, **extra}
+
+
 def output_schema(route: str, schema: dict[str, Any]) -> dict[str, Any]:
     """The route's own way to ask for JSON matching `schema`."""
+    if route.startswith("/v1/messages"):
+        return {"output_config": {"format": {"type": "json_schema", "schema": schema}}}
     if route == "/v1/responses":
         return {"text": {"format": {"type": "json_schema", "name": "r", "schema": schema}}}
     return {"response_format": {"type": "json_schema",
                                 "json_schema": {"name": "r", "schema": schema}}}
 
 
-BASE = {"/v1/chat/completions": chat, "/v1/completions": completion, "/v1/responses": response}
+BASE = {"/v1/chat/completions": chat, "/v1/completions": completion, "/v1/responses": response,
+        "/v1/messages": message, "/v1/messages/count_tokens": count}
 
 
 def refused(route: str, data: dict[str, Any], bounds: Bounds = BOUNDS) -> ApiError:
@@ -59,7 +70,37 @@ def test_every_post_route_of_the_router_runs_the_shared_checks() -> None:
     assert posts, "the router has no POST routes?"
     missing = posts - set(ROUTES)
     assert not missing, f"POST routes without the shared request checks: {sorted(missing)}"
-    assert set(BASE) == set(ROUTES)  # and this test probes every one of them
+    # and these tests probe every one of them
+    assert set(BASE) | set(TOKENIZER) == set(ROUTES)
+
+
+# vLLM's tokenizer routes (app/api/tokenize.py): no output to constrain, the rest shared.
+TOKENIZER = {"/tokenize": lambda **extra: {"messages": MESSAGES, **extra},
+             "/detokenize": lambda **extra: {"tokens": [1, 2], **extra}}
+
+
+@pytest.mark.parametrize("route", sorted(TOKENIZER))
+def test_shared_limits_hold_on_the_tokenizer_routes(route: str) -> None:
+    deep: dict[str, Any] = {"a": 1}
+    for _ in range(80):
+        deep = {"a": deep}
+    assert refused(route, {"tokens": [deep]} if route == "/detokenize"
+                   else TOKENIZER[route](chat_template_kwargs=deep)).code == "body_too_deep"
+    assert refused(route, TOKENIZER[route](stream=True)).param == "stream"
+    ok = check_body(ROUTES[route], json.dumps(TOKENIZER[route]()).encode(), BOUNDS)
+    assert ok.engine_requests == 1
+
+
+def test_tokenize_takes_a_prompt_or_messages_as_vllm() -> None:
+    assert "exactly one" in refused("/tokenize", {"prompt": "a", "messages": MESSAGES}).message
+    prompt = check_body(ROUTES["/tokenize"], b'{"prompt": "hi"}', BOUNDS).request
+    assert prompt.special_tokens  # vLLM's default for a prompt; false for messages
+    chat_form = check_body(ROUTES["/tokenize"], json.dumps({"messages": MESSAGES}).encode(),
+                           BOUNDS).request
+    assert not chat_form.special_tokens
+    assert refused("/tokenize", {"messages": MESSAGES, "continue_final_message": True,
+                                 "add_generation_prompt": False})
+    assert refused("/detokenize", {"tokens": [-1]}).param == "tokens"
 
 
 @pytest.mark.parametrize("route", sorted(BASE))
@@ -157,3 +198,21 @@ async def test_checks_run_off_the_event_loop() -> None:
     checked = await run_checks(route, json.dumps(chat()).encode(), BOUNDS)
     assert checked.request.messages[0].content == "hi"
     assert threads and threads[0] != threading.get_ident()
+
+
+def test_reasoning_in_history_is_accepted_on_assistant_turns_only() -> None:
+    """Issue 41: `reasoning` / `reasoning_content` on earlier assistant turns (vLLM's new and
+    old names; `reasoning` wins, as in vLLM); on any other role a 400."""
+    from pydantic import ValidationError
+
+    from app.openai_models import ChatMessage
+
+    old = ChatMessage.model_validate(
+        {"role": "assistant", "content": "Hi", "reasoning_content": "greet"})
+    assert (old.reasoning, old.model_dump(exclude_none=True).get("reasoning_content")) == (
+        "greet", None)
+    both = ChatMessage.model_validate(
+        {"role": "assistant", "content": "Hi", "reasoning": "new", "reasoning_content": "old"})
+    assert both.reasoning == "new"
+    with pytest.raises(ValidationError, match="only 'assistant' messages"):
+        ChatMessage.model_validate({"role": "user", "content": "Hi", "reasoning": "x"})

@@ -155,6 +155,8 @@ def as_key(key: str, path: str, data: dict[str, Any]) -> Incoming:
     return Incoming(path, {"authorization": f"Bearer {key}"}, body())
 
 
+# A broken product hangs here; the mark turns that into a failure.
+@pytest.mark.timeout(60)
 async def test_a_body_that_stalls_is_a_408_and_releases_its_slot() -> None:
     """The slot is taken before the body is read; a body that stops arriving must not hold it
     until the request deadline. `router.body_timeout_s` is tiny here; the verdict is the 408
@@ -179,6 +181,8 @@ async def test_a_body_that_stalls_is_a_408_and_releases_its_slot() -> None:
 SLOW = "slow-to-check"
 
 
+# A broken product hangs here; the mark turns that into a failure.
+@pytest.mark.timeout(60)
 async def test_one_tenants_flood_of_slow_schemas_leaves_anothers_check_answered(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -242,6 +246,8 @@ async def test_one_tenants_flood_of_slow_schemas_leaves_anothers_check_answered(
     assert len(main.payloads) == 1  # only B's request reached the model
 
 
+# A broken product hangs here; the mark turns that into a failure.
+@pytest.mark.timeout(60)
 async def test_keys_that_share_a_tenant_share_one_share_of_the_check_pool(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -280,3 +286,65 @@ async def wait_for_pool(pool: CheckPool, wanted: Any) -> PoolState:
     while not wanted(pool.state()):
         await asyncio.to_thread(pause.wait, 0.01)  # let the pool's threads move, look again
     return pool.state()
+
+
+async def test_a_suffix_scope_is_a_400_unless_the_config_allows_it() -> None:
+    """Each `suffix_scope` is an index of the caller's tenant: a benchmark switch, open only
+    where `diagnostics.suffix_scopes` is set (off by default)."""
+    scoped = {"messages": MESSAGES, "max_tokens": 4,
+              "ooo_spec": {"diagnostics": {"suffix_scope": "bench:ooo"}}}
+    main = Main()
+    router = flow(main)
+    for path, method, data in (("/v1/chat/completions", "chat_completions", scoped),
+                               ("/v1/responses", "responses",
+                                {"input": "hi", "ooo_spec": scoped["ooo_spec"]})):
+        with pytest.raises(ApiError) as caught:
+            await getattr(router, method)(incoming(path, data))
+        assert (caught.value.status, caught.value.code) == (400, "diagnostics_disabled")
+    assert main.payloads == [] and router.limiter.in_flight("anonymous") == 0
+    allowed = keyed_flow(main, {"diagnostics": {"suffix_scopes": True}})
+    assert isinstance(await allowed.chat_completions(incoming("/v1/chat/completions", scoped)),
+                      JsonReply)
+
+
+@pytest.mark.timeout(120)
+async def test_real_slow_patterns_are_refused_and_the_refused_check_stops(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No stand-in: `response_format` schemas of many case-insensitive Unicode patterns (RE2
+    compiles each in ~10 ms; hundreds fit in one schema). Each flood request is refused with
+    the bound's error, and its check stops at the next pattern instead of compiling the rest;
+    another key's request is answered."""
+    from app.speculation import schema_limits
+
+    compiled: list[str] = []
+    real = schema_limits.compile_re2
+
+    def counting(pattern: str) -> Any:
+        compiled.append(pattern)
+        return real(pattern)
+
+    monkeypatch.setattr(schema_limits, "compile_re2", counting)
+    router = keyed_flow(Main(), {
+        "auth": {"api_keys": [{"key": "flooding-key"}, {"key": "innocent-key"}]},
+        "limits": {"schema_check_timeout_s": 0.2},
+    })
+    patterns = 400
+
+    def slow(index: int) -> dict[str, Any]:
+        properties = {f"p{i}": {"type": "string", "pattern": f"(?i)r{index}p{i}"
+                                + "[\u0100-\u024f]{1,60}" * 6} for i in range(patterns)}
+        return {"messages": MESSAGES, "max_tokens": 4, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "s", "schema": {
+                "type": "object", "properties": properties}}}}
+
+    flood = [asyncio.ensure_future(router.chat_completions(
+        as_key("flooding-key", "/v1/chat/completions", slow(i)))) for i in range(3)]
+    reply = await router.chat_completions(as_key("innocent-key", "/v1/chat/completions", {
+        "messages": MESSAGES, "max_tokens": 4}))
+    assert isinstance(reply, JsonReply)
+    outcomes = await asyncio.gather(*flood, return_exceptions=True)
+    assert all(isinstance(o, ApiError) and o.code == "request_too_complex" for o in outcomes)
+    await wait_for_pool(router.check_pool, lambda s: not s.running and not s.queued)
+    # Each refused check stopped early: far fewer compiles than the flood's patterns.
+    assert len(compiled) < len(flood) * patterns // 2

@@ -45,6 +45,27 @@ def test_items_become_chat_messages() -> None:
     assert chat.tools and chat.tools[0].function.parameters == TOOL["parameters"]
 
 
+def test_reasoning_items_become_the_next_assistant_turns_reasoning() -> None:
+    """Issue 41: an agent sends a thinking model's earlier reasoning back as `reasoning`
+    items; the assistant turn after each gets it (its text, else its summary)."""
+    request = parse(tools=[TOOL], input=[
+        {"role": "user", "content": "Weather in Paris?"},
+        {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text",
+                                                         "text": "Call the tool."}]},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+         "arguments": '{"city": "Paris"}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+        {"type": "reasoning", "summary": [], "content": [
+            {"type": "reasoning_text", "text": "It is sunny."}]},
+        {"role": "assistant", "content": "Sunny."},
+        {"role": "user", "content": "Thanks"},
+    ])
+    chat = to_chat_request(request)
+    assert [(m.role, m.reasoning) for m in chat.messages] == [
+        ("user", None), ("assistant", "Call the tool."), ("tool", None),
+        ("assistant", "It is sunny."), ("user", None)]
+
+
 def test_text_format_becomes_response_format() -> None:
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     chat = to_chat_request(parse(input="hi", text={"format": {
@@ -56,9 +77,14 @@ def test_text_format_becomes_response_format() -> None:
 
 @pytest.mark.parametrize("data, words", [
     ({"input": "hi", "previous_response_id": "resp_1"}, "stored responses are not supported"),
-    ({"input": [{"type": "reasoning", "summary": []}]}, "type 'reasoning'"),
+    ({"input": [{"type": "web_search_call", "id": "ws_1"}]}, "type 'web_search_call'"),
     ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools"),
-    ({"input": "hi", "reasoning": {"effort": "high"}}, "reasoning"),
+    ({"input": "hi", "reasoning": {"effort": "huge"}}, "reasoning"),
+    ({"input": "hi", "store": True}, "store: true"),
+    ({"input": "hi", "include": ["web_search_call.results"]}, "built-in tools"),
+    ({"input": "hi", "include": ["nope"]}, "include 'nope'"),
+    ({"input": "hi", "tools": [{"type": "custom", "name": "patch", "format": {
+        "type": "grammar", "syntax": "lark", "definition": "start: /x/"}}]}, "grammar"),
     ({"input": "hi", "text": {"format": {"type": "json_schema"}}}, "schema"),
 ])
 def test_unsupported_is_a_clear_400(data: dict[str, Any], words: str) -> None:
@@ -134,3 +160,70 @@ async def test_tool_call_stream_event_sequence() -> None:
         "response.output_item.done", "response.completed"]
     assert got[4]["arguments"] == '{"city": "Paris"}'
     assert got[-1]["response"]["output"][0]["call_id"] == "call_0"
+
+
+CODEX = {
+    "input": [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Fix"}]},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": None},
+        {"type": "custom_tool_call", "call_id": "call_1", "name": "apply_patch",
+         "input": "*** Begin Patch"},
+        {"type": "custom_tool_call_output", "call_id": "call_1", "output": "done"},
+    ],
+    "store": False, "reasoning": {"effort": "low", "summary": "auto"},
+    "include": ["reasoning.encrypted_content"], "prompt_cache_key": "conv-1",
+    "parallel_tool_calls": False, "top_k": 20,
+    "tools": [{"type": "custom", "name": "apply_patch", "description": "Patch files",
+               "format": {"type": "text"}},
+              {"type": "function", "name": "shell", "parameters": {
+                  "type": "object", "properties": {"cmd": {"type": "string"}}}}],
+}
+
+
+def test_a_codex_shaped_request_runs_as_chat() -> None:
+    """Issue 42: what Codex sends. `reasoning.effort` is the template's thinking switch,
+    `prompt_cache_key` the affinity key, a custom tool the function shim vLLM shows it as,
+    and its earlier call goes back as that shim's arguments."""
+    chat = to_chat_request(parse(**CODEX))
+    assert chat.chat_template_kwargs == {"reasoning_effort": "low", "enable_thinking": True}
+    assert chat.prompt_cache_key == "conv-1" and chat.affinity_key() == "conv-1"
+    assert chat.parallel_tool_calls is False and chat.top_k == 20
+    shim = chat.tool_schemas()["apply_patch"]
+    assert shim["required"] == ["input"] and shim["properties"]["input"]["type"] == "string"
+    call = chat.messages[1].tool_calls[0]  # type: ignore[index]
+    assert json.loads(call.function.arguments) == {"input": "*** Begin Patch"}
+    assert chat.messages[2].role == "tool" and chat.messages[2].content == "done"
+
+
+def test_custom_calls_and_reasoning_come_back_as_their_items() -> None:
+    request = parse(**CODEX)
+    answer = completion(None, [("apply_patch", json.dumps({"input": "*** Begin Patch"})),
+                               ("shell", '{"cmd": "ls"}')])
+    answer["choices"][0]["message"]["reasoning"] = "Think first."
+    body = ResponseBuilder(request, "m").final(answer)
+    kinds = [item["type"] for item in body["output"]]
+    assert kinds == ["reasoning", "custom_tool_call", "function_call"]
+    reasoning, custom, _ = body["output"]
+    assert reasoning["content"] == [{"type": "reasoning_text", "text": "Think first."}]
+    assert reasoning["encrypted_content"] is None  # include: nothing is encrypted or stored
+    assert custom["input"] == "*** Begin Patch" and custom["call_id"] == "call_0"
+    assert body["store"] is False and body["prompt_cache_key"] == "conv-1"
+
+
+async def test_a_stream_sends_reasoning_and_custom_calls_as_their_items() -> None:
+    request = parse(**{**CODEX, "stream": True})
+    answer = completion(None, [("apply_patch", json.dumps({"input": "*** Begin Patch"}))])
+    answer["choices"][0]["message"]["reasoning"] = "Think."
+    got = await run(request, [("delta", {"text": "<think>"}), ("final", answer)])
+    assert [e["type"] for e in got] == [
+        "response.created", "response.in_progress",
+        "response.output_item.added", "response.reasoning_text.delta",
+        "response.reasoning_text.done", "response.output_item.done",
+        "response.output_item.added", "response.custom_tool_call_input.delta",
+        "response.custom_tool_call_input.done", "response.output_item.done",
+        "response.completed"]
+    assert [e.get("output_index") for e in got[2:10]] == [0, 0, 0, 0, 1, 1, 1, 1]
+    final = got[-1]["response"]["output"]
+    assert [i["type"] for i in final] == ["reasoning", "custom_tool_call"]
+    assert final[0]["id"] == got[5]["item"]["id"]  # the same item, streamed and final
+    assert final[1]["input"] == "*** Begin Patch"

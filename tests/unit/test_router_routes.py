@@ -23,6 +23,7 @@ class ScriptedMain:
 
     def __init__(self) -> None:
         self.generate = self
+        self.count_tokens = _Count()
         self.payloads: list[dict[str, Any]] = []
 
     def options(self, **_: Any) -> ScriptedMain:
@@ -37,6 +38,17 @@ class ScriptedMain:
             yield turn_result([], "ok", text="ok")
 
         return events()
+
+
+class _Count:
+    """`count_tokens.remote(payload=...)`: 7 tokens for any prompt."""
+
+    def __init__(self) -> None:
+        self.payloads: list[dict[str, Any]] = []
+
+    async def remote(self, payload: dict[str, Any]) -> int:
+        self.payloads.append(payload)
+        return 7
 
 
 @pytest.fixture()
@@ -66,8 +78,12 @@ def test_every_post_route_runs_the_shared_checks(
     assert len(post_paths()) >= 3
     for path in post_paths():
         r = client.post(path, content=json.dumps({"metadata": deep}))
-        assert r.status_code == 400 and r.json()["error"]["code"] == "body_too_deep", (path,
-                                                                                      r.text)
+        assert r.status_code == 400, (path, r.text)
+        if path.startswith("/v1/messages"):  # Anthropic's envelope: no code
+            assert r.json()["type"] == "error", r.text
+            assert "nested" in r.json()["error"]["message"], r.text
+        else:
+            assert r.json()["error"]["code"] == "body_too_deep", (path, r.text)
         assert router.flow.limiter.in_flight("anonymous") == 0, path
     assert main.payloads == []
 
@@ -105,4 +121,18 @@ def test_each_route_answers_through_the_flow(
     response = client.post("/v1/responses", json={"input": "hi"}).json()
     assert response["output"][0]["content"][0]["text"] == "ok"
     assert client.get("/v1/models").json()["data"][0]["id"] == router.chat.model_name
+    model = router.chat.model_name
+    asked = {"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+    message = client.post("/v1/messages", json=asked).json()
+    assert message["content"] == [{"type": "text", "text": "ok"}], message
+    assert message["stop_reason"] == "end_turn"
+    streamed = client.post("/v1/messages", json={**asked, "stream": True})
+    assert streamed.text.startswith("event: message_start")
+    assert streamed.text.rstrip().endswith('data: {"type": "message_stop"}')
+    del asked["max_tokens"]
+    counted = client.post("/v1/messages/count_tokens", json=asked)
+    assert counted.json() == {"input_tokens": 7} and main.count_tokens.payloads
+    bad = client.post("/v1/messages", json=asked)  # no max_tokens
+    assert bad.status_code == 400 and bad.json() == {"type": "error", "error": {
+        "type": "invalid_request_error", "message": "max_tokens: Field required"}}
     assert router.flow.limiter.in_flight("anonymous") == 0  # every slot released

@@ -67,7 +67,7 @@ async def test_a_quick_union_grammar_is_checked_once_and_served() -> None:
     prediction = await service.predict(forced({"a": {"type": "string"}}))
     assert prediction.error is None and prediction.candidates
     assert grammars(service.engine) and service.grammar_check is not None
-    assert [tenant for tenant, _, _ in service.grammar_check._verdicts] == ["tenant-a"]
+    assert [tenant for tenant, _, _ in service.grammar_check._verdicts.items()] == ["tenant-a"]
 
 
 async def test_a_slow_slot_is_left_out_and_the_quick_one_is_filled() -> None:
@@ -76,7 +76,7 @@ async def test_a_slow_slot_is_left_out_and_the_quick_one_is_filled() -> None:
     request = forced({"quick": {"type": "boolean"}, "slow": SLOW_PROPERTY})
     prediction = await service.predict(request)
     assert service.grammar_check is not None
-    refused = [text for (_, _, text), fast in service.grammar_check._verdicts.items()
+    refused = [text for _, (_, text), fast in service.grammar_check._verdicts.items()
                if not fast]
     assert len(refused) == 1 and "[a-z]" in refused[0]
     # Only the quick slot reached the engine under a grammar; the slow one drafts a placeholder

@@ -90,3 +90,21 @@ def test_suffix_draft_prefers_the_longer_match_then_the_request_itself() -> None
     assert suffix_draft(index, [1, 7, 8, 9], 2) == [10, 11]  # only the tenant's outputs hold it
     # The request's own tokens hold "8 9" too (followed by 5), as long as the tenant's: its own.
     assert suffix_draft(index, [8, 9, 5, 8, 9], 2) == [5, 8]
+
+
+def test_scopes_count_against_their_tenants_own_budget() -> None:
+    """Issue 39: every scope used to be an index of its own in one LRU of all tenants, so one
+    caller's scopes flushed everyone's. Scopes now live within their tenant: they share its
+    `max_tokens`, at most `max_scopes` of them, and never take another tenant's place."""
+    suffixes = TenantSuffixes(max_depth=4, max_tokens=100, max_tenants=2, max_scopes=3)
+    suffixes.add("victim", list(range(50)))
+    for scope in range(20):
+        suffixes.add("flooder", list(range(1000 + scope * 40, 1040 + scope * 40)), f"s{scope}")
+    assert len(suffixes) == 2 and suffixes.tokens("victim") == 50
+    assert suffixes.of("victim").match([10, 11, 12], 2) is not None
+    assert suffixes.scopes("flooder") == 3  # the newest three scopes
+    assert suffixes.tokens("flooder") <= 100
+    # The tenant's own index and its scopes share the one budget.
+    suffixes.add("victim", list(range(200, 260)), "bench:ooo")
+    assert suffixes.tokens("victim") == 60  # its oldest output (its own index's) went
+    assert suffixes.of("victim", "bench:ooo").tokens == 60

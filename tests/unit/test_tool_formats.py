@@ -18,7 +18,7 @@ import keyword
 import logging
 from functools import cache
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -202,11 +202,17 @@ def test_own_parser_agrees_with_vllm_on_embedded_model_outputs(name: str) -> Non
 
 
 # ----- registry and config ------------------------------------------------------------------
-def test_config_accepts_exactly_the_registered_formats() -> None:
-    literal = EngineConfig.model_fields["tool_format"].annotation
-    assert set(get_args(literal)) == set(FORMATS)
-    for name in FORMATS:
+def test_config_accepts_every_vllm_tool_parser_and_nothing_else() -> None:
+    from pydantic import ValidationError
+
+    from app.vllm_names import TOOL_PARSERS
+
+    assert set(FORMATS) < set(TOOL_PARSERS)
+    for name in TOOL_PARSERS:
+        assert EngineConfig(tool_format=name).tool_format == name
         assert get_format(name).vllm_parser == name
+    with pytest.raises(ValidationError, match="not a vLLM 0.32 tool parser"):
+        EngineConfig(tool_format="qwen_xml")
 
 
 def test_unknown_format_is_a_clear_error() -> None:

@@ -206,3 +206,27 @@ def test_tool_without_parameters_takes_an_empty_object() -> None:
         "type": "object",
         "properties": {},
     }
+
+
+def test_the_metaschema_check_never_hands_a_clients_pattern_to_pythons_re(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """jsonschema checks `format: regex` (every `pattern`, every `patternProperties` key) by
+    compiling it with Python's `re`, whose compile time the client chooses and that nothing
+    can stop. The metaschema check compiles them with RE2 instead (issue 39)."""
+    import re
+
+    client = {"(?i)[a-z\u0100-\u017f]{1,64}metaschema-probe", "^(?i)key-probe$"}
+    real = re.compile
+
+    def guarded(pattern: Any, *args: Any, **kwargs: Any) -> Any:
+        assert pattern not in client, f"Python's re compiled the client's {pattern!r}"
+        return real(pattern, *args, **kwargs)
+
+    monkeypatch.setattr(re, "compile", guarded)
+    schema = {"type": "object", "properties": {"x": {
+        "type": "string", "pattern": "(?i)[a-z\u0100-\u017f]{1,64}metaschema-probe"}},
+        "patternProperties": {"^(?i)key-probe$": {"type": "string"}}}
+    assert check_schema(schema) is None
+    broken = {"type": "object", "properties": {"x": {"type": "string", "pattern": "(unclosed"}}}
+    assert "not a valid JSON Schema" in (check_schema(broken) or "")

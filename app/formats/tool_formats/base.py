@@ -75,12 +75,16 @@ class ToolFormat(ABC):
                     ParsedCall(c["function"]["name"], arguments_obj(c["function"]["arguments"]))
                     for c in msg["tool_calls"]
                 ]
-                content = "\n".join(([content] if content else []) + [self.render(calls)])
+                content = "\n".join(([content] if content else []) + [self.past_calls(calls)])
             elif role == "tool":
                 role = "user"
                 content = self.tool_result_text(content)
             out.append({"role": role, "content": content})
         return with_system_text(out, self.system_prompt(tools)) if tools else out
+
+    def past_calls(self, calls: list[ParsedCall]) -> str:
+        """Earlier calls of the conversation, as the fallback prompt shows them."""
+        return self.render(calls)
 
     # ----- writing calls -----------------------------------------------------------------
     @abstractmethod
@@ -118,14 +122,19 @@ class ToolFormat(ABC):
         format: how a template's own dialect is told apart from the configured one."""
         return self.start_marker in text
 
+    # Whether the format reads outputs with vLLM's parser of its name (and so needs the
+    # tokenizer): app/formats/tool_formats/vllm_format.py.
+    vllm_backed: ClassVar[bool] = False
+
     @abstractmethod
-    def call_stream(self) -> CallStream:
+    def call_stream(self, tools: list[dict[str, Any]] | None = None) -> CallStream:
         """A fresh reader of one output's calls as it streams, fed from `call_start` on."""
 
     @abstractmethod
-    def parse(self, text: str) -> ParsedOutput:
+    def parse(self, text: str, tools: list[dict[str, Any]] | None = None) -> ParsedOutput:
         """A finished output split into content and calls, as vLLM's parser of the same name
-        splits it; an output that is not a well-formed call is all content."""
+        splits it; an output that is not a well-formed call is all content. `tools`: the
+        request's (parsers that type argument values by their schema read them)."""
 
 
 # ----- shared helpers --------------------------------------------------------------------

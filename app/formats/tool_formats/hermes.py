@@ -47,10 +47,10 @@ class HermesFormat(ToolFormat):
     def render(self, calls: list[ParsedCall], style: dict[str, Any] | None = None) -> str:
         return "\n".join(call_block(c.name, c.arguments, style or {}) for c in calls)
 
-    def call_stream(self) -> CallStream:
+    def call_stream(self, tools: list[dict[str, Any]] | None = None) -> CallStream:
         return TaggedCalls(TOOL_CALL_OPEN)
 
-    def parse(self, text: str) -> ParsedOutput:
+    def parse(self, text: str, tools: list[dict[str, Any]] | None = None) -> ParsedOutput:
         """Content and `<tool_call>` blocks. More lenient than vLLM's parser where the model
         slips: a malformed block is skipped (vLLM gives the whole text back as content), an
         unclosed last block still counts (as in vLLM), `parameters` is read like `arguments`,

@@ -55,10 +55,10 @@ class Llama3JsonFormat(ToolFormat):
             return "", False
         return text, False
 
-    def call_stream(self) -> CallStream:
+    def call_stream(self, tools: list[dict[str, Any]] | None = None) -> CallStream:
         return LooseObjects()
 
-    def parse(self, text: str) -> ParsedOutput:
+    def parse(self, text: str, tools: list[dict[str, Any]] | None = None) -> ParsedOutput:
         """Every top-level JSON object is a call (`arguments` or `parameters`); if any `{`
         does not open such an object, the whole text is content, as in vLLM."""
         calls: list[ParsedCall] = []

@@ -44,10 +44,10 @@ class MistralFormat(ToolFormat):
         items = [{"name": c.name, "arguments": c.arguments} for c in calls]
         return TOOL_CALLS + space + json.dumps(items, ensure_ascii=False, **style)
 
-    def call_stream(self) -> CallStream:
+    def call_stream(self, tools: list[dict[str, Any]] | None = None) -> CallStream:
         return CallList(TOOL_CALLS)
 
-    def parse(self, text: str) -> ParsedOutput:
+    def parse(self, text: str, tools: list[dict[str, Any]] | None = None) -> ParsedOutput:
         """Content before the first marker; the first JSON value after a marker holds the
         calls (a list, or one object); no calls in it: the JSON is given back as content."""
         if TOOL_CALLS not in text:

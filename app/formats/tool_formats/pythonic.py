@@ -59,10 +59,10 @@ class PythonicFormat(ToolFormat):
         """Like vLLM: an output that opens with `[` is a call list, any other is content."""
         return ("", True) if text.startswith("[") else (text, False)
 
-    def call_stream(self) -> CallStream:
+    def call_stream(self, tools: list[dict[str, Any]] | None = None) -> CallStream:
         return PythonicCalls()
 
-    def parse(self, text: str) -> ParsedOutput:
+    def parse(self, text: str, tools: list[dict[str, Any]] | None = None) -> ParsedOutput:
         if not _LIST_START_RE.match(text):
             return ParsedOutput(content=text, calls=[])
         try:
