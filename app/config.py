@@ -273,8 +273,9 @@ class LoadAwareConfig(_Strict):
         None, ge=1,
         description="The router skips the sidecar for a request while this many of its calls "
         "to the sidecar are pending (per router replica), since predictions queued behind "
-        "them would reach the main model too late to draft (outcome sidecar_error, 'skipped'); "
-        "the request still gets schema drafts and prompt lookup. None: never skip (a GPU "
+        "them would reach the main model too late to draft (outcome sidecar_skipped, reason "
+        "'busy'); the request then goes exactly as with the sidecar off (schema drafts, prompt "
+        "lookup). None: never skip (a GPU "
         "sidecar batches its predictions nearly free). The CPU configs set 1: on the CPU "
         "default at 4 and 16 users most predictions arrived late (docs/benchmarks.md, "
         "'Under load').",

@@ -481,7 +481,9 @@ class PredictionReport(BaseModel):
 
 
 SidecarReason = Literal[
-    "always", "measuring", "pays", "does_not_pay", "probe", "pre_execution", "diagnostics"
+    "always", "measuring", "pays", "does_not_pay", "probe", "pre_execution", "diagnostics",
+    # Wanted, but the router's gate found too many sidecar calls pending (app/api/sidecar_gate.py).
+    "busy",
 ]
 
 

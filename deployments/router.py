@@ -1,9 +1,12 @@
 """`Router` deployment: the OpenAI-compatible HTTP ingress (FastAPI), Serve glue around
 `app.api.request_flow.RequestFlow`, which each POST route calls once per request.
 
-Fans each request out to the Sidecar and the MainModel at the same moment: the sidecar call's
-`ObjectRef` is handed to the main call inside a list, so the main replica receives the
-prediction while it decodes, and the router never waits for the sidecar first. The router
+Fans each request out to the Sidecar and the MainModel: the sidecar call's `ObjectRef` is
+handed to the main call inside a list, so the main replica receives the prediction while it
+decodes, and the router never waits for the sidecar's answer. The one wait before the main call
+is Serve handing the sidecar call to a replica (the `ObjectRef` exists only then; bounded by
+`speculation.sidecar_start_timeout_s`); a turn that skips the sidecar (not worth it, or the gate
+busy) makes exactly the main call a turn with the sidecar off makes. The router
 awaits the same `ObjectRef` itself in the background to pre-execute predicted calls on the
 ToolWorker pool (app.api.agent_loop), and runs committed calls there for `execute_tools`.
 
@@ -358,10 +361,9 @@ class Router:
         release = self.sidecar_gate.admit()
         if release is None:
             # Queued behind the pending ones, the prediction would come too late to draft.
-            skipped = Prediction(error=f"skipped: {self.sidecar_gate.pending} sidecar calls "
-                                 "pending (speculation.load_aware.sidecar_max_pending)")
-            ref = ray.put(skipped.model_dump())  # the main replica reads it like an answer
-            return SidecarStart(token=ref, prediction=ref)
+            # No token: the main call goes exactly as with the sidecar off (nothing put in the
+            # object store, no prediction for the main replica to wait on).
+            return SidecarStart(token=None)
         response: Any = self.sidecar.predict.remote(payload)
         try:
             # Waits only for a replica to take the call (instant unless all are busy or one is

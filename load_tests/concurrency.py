@@ -13,6 +13,15 @@ shows replicas over time beside latency.
     python -m load_tests.concurrency --url http://127.0.0.1:8000 --users 1,4,16 \
         --duration 60 --json bench_out/concurrency.json --plot bench_out/concurrency.png
 
+With `--conversations bfcl-multi:<category>` it replays multi-turn conversations instead: at
+each level that many agents at once, each its own tenant (`--api-keys`), closed loop, in every
+mode of `--modes` (plain, ngram, suffix, drafts, ooo by default), with requests per second,
+p50/p95 end to end and time to first token, passes, tokens per pass and whether the outputs
+are identical across modes (load_tests/agent_replay.py):
+
+    python -m load_tests.concurrency --conversations bfcl-multi:multi_turn_base --users 1,4,16 \
+        --api-keys @keys.txt --json bench_out/agents.json
+
 Bounded: every block stops after its duration, every request after `--timeout`. Loopback only.
 """
 
@@ -31,6 +40,9 @@ from typing import Any
 
 import httpx
 
+from load_tests import agent_replay
+from load_tests.bench.modes import MODES as BENCH_MODES
+from load_tests.bench.modes import parse_modes
 from load_tests.bfcl import SUPPORTED_CATEGORIES, BfclCase, load_bfcl
 from load_tests.bfcl_multi import MultiTurnStep, load_bfcl_multi
 from load_tests.load_requests import request_body
@@ -378,7 +390,70 @@ def build_parser() -> argparse.ArgumentParser:
                         help="uncounted sequential requests per mode before the first block")
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     parser.add_argument("--plot", type=Path, default=None, help="draw the plot (PNG) here")
+    agents = parser.add_argument_group(
+        "several agents at once (multi-turn replay)",
+        "With --conversations, each level's users are agents replaying multi-turn "
+        "conversations step by step, closed loop, one block per mode; --duration, "
+        "--categories, --limit, --history, --warmup and --plot do not apply.")
+    agents.add_argument("--conversations", default=None, metavar="bfcl-multi:CATEGORY",
+                        help="replay these multi-turn conversations, e.g. "
+                        "bfcl-multi:multi_turn_base")
+    agents.add_argument("--modes", default=agent_replay.DEFAULT_MODES,
+                        help="modes, comma-separated, among the bench's: "
+                        + ", ".join(BENCH_MODES))
+    agents.add_argument("--conversation-count", type=int, default=16,
+                        help="conversations replayed at every level, dealt round-robin to "
+                        "the agents (at least the largest level)")
+    agents.add_argument("--steps", type=int, default=None,
+                        help="at most this many steps of each conversation (none: all)")
+    agents.add_argument("--api-keys", default=None,
+                        help="one API key per agent (each agent its own tenant), "
+                        "comma-separated or @FILE with one per line; the server must accept "
+                        "them (`auth.api_keys`). Without: every agent is the anonymous "
+                        "tenant, each mode still with its own suffix memory")
     return parser
+
+
+def api_keys(spec: str | None, agents: int) -> list[str | None]:
+    """One key per agent from `--api-keys` (a comma list or `@file`), or [None] without.
+
+    >>> api_keys("a,b", 2), api_keys(None, 16)
+    (['a', 'b'], [None])
+    """
+    if spec is None:
+        return [None]
+    text = Path(spec[1:]).read_text() if spec.startswith("@") else spec.replace(",", "\n")
+    keys = [k.strip() for k in text.splitlines() if k.strip()]
+    if len(keys) < agents:
+        raise ValueError(f"{len(keys)} API keys for {agents} agents: one tenant per agent")
+    return list(keys)
+
+
+def main_agents(args: argparse.Namespace, levels: Sequence[int]) -> int:
+    """`--conversations`: the multi-turn replay (load_tests/agent_replay.py)."""
+    source, _, category = args.conversations.rpartition(":")
+    if source != BFCL_MULTI:
+        raise SystemExit(f"--conversations takes {BFCL_MULTI}:<category>, not "
+                         f"{args.conversations!r}")
+    modes = parse_modes(args.modes)
+    unfit = [m.name for m in modes if not m.applies_to(BFCL_MULTI)]  # as the bench's sources
+    if unfit:
+        raise SystemExit(f"mode(s) {', '.join(unfit)} do not run on {BFCL_MULTI}")
+    keys = api_keys(args.api_keys, max(levels))
+    steps = load_bfcl_multi(category, args.conversation_count)
+    result = asyncio.run(agent_replay.run(
+        args.url, levels, modes, steps, args.conversation_count, args.steps, keys,
+        args.max_tokens, args.timeout))
+    order = [m.name for m in modes]
+    summaries = sorted(result["summaries"], key=lambda s: (s["agents"], order.index(s["mode"])))
+    diffs = {(d["agents"], d["mode"]): d["differ"] for d in result["differences"]}
+    print(agent_replay.format_table(summaries, diffs))
+    print("outputs identical across modes" if not any(diffs.values())
+          else f"outputs differ in {sum(diffs.values())} answers")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
 
 
 def load_categories(spec: str, limit: int) -> list[Case]:
@@ -398,6 +473,8 @@ def load_categories(spec: str, limit: int) -> list[Case]:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     levels = [int(u) for u in args.users.split(",") if u.strip()]
+    if args.conversations:
+        return main_agents(args, levels)
     cases = load_categories(args.categories, args.limit)
     result = asyncio.run(run(args.url, levels, args.duration, cases, args.max_tokens,
                              args.timeout, args.dashboard, history=args.history,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import json
 import random
+from collections.abc import Callable
 from typing import Any
 
 from hypothesis import strategies as st
@@ -335,14 +336,16 @@ def wire(value: Any, duplicate_key: bool = False) -> bytes:
 
 
 @st.composite
-def bodies(draw: st.DrawFn, valid: st.SearchStrategy[dict[str, Any]]) -> bytes:
+def bodies(draw: st.DrawFn, valid: st.SearchStrategy[dict[str, Any]],
+           finish: Callable[[Any], Any] = lambda body: body) -> bytes:
     """A wire body for one route: mostly a mutated valid one (6 in 9), else one with a
-    duplicate key, arbitrary JSON, or arbitrary bytes."""
+    duplicate key, arbitrary JSON, or arbitrary bytes. `finish` sees each mutated body before
+    it is written (to keep generations short against a running app)."""
     kind = draw(st.integers(0, 8))
     if kind < 6:
-        return wire(draw(mutated(valid)))
+        return wire(finish(draw(mutated(valid))))
     if kind == 6:
-        return wire(draw(mutated(valid)), duplicate_key=True)
+        return wire(finish(draw(mutated(valid))), duplicate_key=True)
     if kind == 7:
         return wire(draw(json_values))
     return draw(st.binary(max_size=48))

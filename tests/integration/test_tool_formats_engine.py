@@ -91,11 +91,12 @@ async def test_forced_calls_through_the_structural_tag_are_lossless(
     tallies: dict[str, list[int]] = {}
     for prompt, choice in [(PROMPTS[0], "required"), (PROMPTS[2], "required"),
                            (PROMPTS[0], {"type": "function", "function": {"name": "get_weather"}})]:
-        def request(enabled: bool, prompt: str = prompt, choice: object = choice) -> Any:
+        def request(enabled: bool, history: bool = True, prompt: str = prompt,
+                    choice: object = choice) -> Any:
             return ChatCompletionRequest.model_validate({
                 "messages": [{"role": "user", "content": prompt}], "tools": TOOLS,
                 "tool_choice": choice, "temperature": 0.0, "max_tokens": 96,
-                "ooo_spec": {"enabled": enabled}})
+                "ooo_spec": {"enabled": enabled, "history": history}})
         plain = await service.complete(service.prepare(request(False)))
         assert plain.text.startswith(fmt.start_marker), plain.text
         assert plain.calls, plain.text
@@ -105,15 +106,18 @@ async def test_forced_calls_through_the_structural_tag_are_lossless(
             return Prediction(candidates=[[PredictedCall(name=c.name, arguments=c.arguments)
                                            for c in calls]])
 
-        for prediction in (None, predicted()):
-            spec = await service.complete(service.prepare(request(True)), prediction)
+        # Schema drafts alone, the sidecar's prediction, then history (this call, recorded by
+        # the plain run): without history first, as it would win every step.
+        for history, prediction in ((False, None), (False, predicted()), (True, None)):
+            spec = await service.complete(service.prepare(request(True, history)), prediction)
             assert spec.token_ids == plain.token_ids, (name, prompt, spec.text, plain.text)
             for source, tally in spec.main.sources.model_dump().items():
                 sums = tallies.setdefault(source, [0, 0])
                 sums[0] += tally["drafted_tokens"]
                 sums[1] += tally["accepted_tokens"]
     print(f"{name}: drafted/accepted tokens per source {tallies}")
-    assert sum(accepted for _, accepted in tallies.values()) > 0, tallies
+    for source in ("schema", "sidecar", "history"):
+        assert tallies[source][1] > 0, (source, tallies)
 
 
 # First-class families read by vLLM's parser, whose markers the embedded tokenizer writes as
@@ -135,6 +139,10 @@ async def test_family_template_forced_calls_are_lossless(engine: VllmEngine, nam
         service = MainModelService(config, engine=engine)
         service.format = get_format(name, engine.tokenizer)  # what start() binds
         fmt = service.format
+        from app.formats.tool_formats import ParsedCall
+
+        assert fmt.render([ParsedCall("f", {"a": 1})]).startswith(fmt.start_marker)
+        assert fmt.start_marker, "the family's template renders calls"
 
         def request(enabled: bool) -> Any:
             return ChatCompletionRequest.model_validate({
@@ -143,7 +151,7 @@ async def test_family_template_forced_calls_are_lossless(engine: VllmEngine, nam
                 "ooo_spec": {"enabled": enabled}})
 
         plain = await service.complete(service.prepare(request(False)))
-        assert plain.text.startswith(fmt.start_marker), plain.text
+        assert plain.text.lstrip().startswith(fmt.start_marker), plain.text
         assert plain.calls, plain.text
 
         async def predicted() -> Prediction:

@@ -1,5 +1,11 @@
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from load_tests import agent_replay, concurrency
+from load_tests.bench.modes import MODES
+from load_tests.bfcl_multi import ExpectedCall, MultiTurnStep
 from load_tests.concurrency import (
     Block,
     Sample,
@@ -73,3 +79,104 @@ def test_dashboard_token_from_env_then_file_then_home(tmp_path: Path) -> None:
     assert dashboard_headers({"RAY_AUTH_TOKEN": "from-env", "RAY_AUTH_TOKEN_PATH": str(named)},
                              home) == {"Authorization": "Bearer from-env"}
 
+
+
+# ----- several agents at once: the multi-turn replay (load_tests/agent_replay.py) -----------
+
+def _step(conversation: str, index: int) -> MultiTurnStep:
+    return MultiTurnStep(id=f"{conversation}#{index}", category="multi_turn_base",
+                         conversation=conversation, index=index, turn=0,
+                         messages=[{"role": "user", "content": "go"}], tools=[],
+                         expected=ExpectedCall(name="f", arguments={}))
+
+
+def _sample(mode: str, step: str, answer: str = "a", agents: int = 4, e2e: float = 100.0,
+            ttft: float | None = 10.0, passes: int | None = 5, tokens: int = 20,
+            error: str | None = None) -> agent_replay.Sample:
+    return agent_replay.Sample(agents, mode, 0, step, 0.0, e2e, ttft, tokens, passes, answer,
+                               error)
+
+
+def test_every_level_deals_the_same_conversations_each_in_order() -> None:
+    steps = [_step(c, i) for c in "abcde" for i in (2, 0, 1)]
+    one = agent_replay.agent_conversations(steps, 1, 4)
+    four = agent_replay.agent_conversations(steps, 4, 4, max_steps=2)
+    assert [s.id for s in one[0]][:3] == ["a#0", "a#1", "a#2"]
+    assert sorted(s.id for s in one[0]) == sorted(s.id for s in steps if s.conversation < "e")
+    assert [[s.id for s in agent] for agent in four] == [
+        ["a#0", "a#1"], ["b#0", "b#1"], ["c#0", "c#1"], ["d#0", "d#1"]]
+    with pytest.raises(ValueError, match="3 conversations for 4 agents"):
+        agent_replay.agent_conversations(steps, 4, 3)
+
+
+def test_modes_rotate_from_level_to_level() -> None:
+    order = agent_replay.block_order([1, 4, 16], ["plain", "suffix", "ooo"])
+    firsts = [order[i][1] for i in (0, 3, 6)]
+    assert firsts == ["plain", "suffix", "ooo"]
+    assert [agents for agents, _ in order] == [1] * 3 + [4] * 3 + [16] * 3
+
+
+def test_a_request_selects_its_mode_with_its_own_suffix_memory() -> None:
+    body = agent_replay.request_body(_step("a", 0), MODES["drafts"], 64)
+    assert body["stream"] and body["stream_options"] == {"include_usage": True}
+    assert body["ooo_spec"]["sidecar"] is False and body["ooo_spec"]["history"] is False
+    assert body["ooo_spec"]["diagnostics"]["suffix_scope"] == "agents:drafts"
+    assert MODES["drafts"].extra_body["ooo_spec"].get("diagnostics") is None  # not mutated
+    suffix = agent_replay.request_body(_step("a", 0), MODES["suffix"], 64)
+    assert suffix["ooo_spec"]["baseline"] == "suffix"
+
+
+def test_the_stream_joins_to_its_answer_and_marks_the_first_output() -> None:
+    state = agent_replay.StreamState()
+    chunks: list[dict[str, Any]] = [
+        {"choices": [{"delta": {"role": "assistant"}}]},
+        {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"name": "ls"}}]}}]},
+        {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {
+            "arguments": '{"a": '}}]}}]},
+        {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {
+            "arguments": "1}"}}]}}]},
+        {"choices": [], "usage": {"completion_tokens": 7}},
+        {"choices": [], "ooo_spec": {"main": {"steps": 3}}},
+    ]
+    firsts = [state.add(chunk) for chunk in chunks]
+    assert firsts == [False, True, False, False, False, False]
+    assert state.usage == {"completion_tokens": 7} and state.report == {"main": {"steps": 3}}
+    other = agent_replay.StreamState()
+    other.add({"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {
+        "name": "ls", "arguments": '{"a":1}'}}]}}]})
+    assert state.answer() == other.answer()  # the same call, however the stream split it
+
+
+def test_summary_rates_latencies_and_tokens_per_pass() -> None:
+    samples = [_sample("ooo", f"a#{i}", e2e=100.0 * (i + 1), ttft=10.0 * (i + 1))
+               for i in range(4)]
+    samples.append(_sample("ooo", "a#9", error="HTTP 503"))
+    summary = agent_replay.summarize(samples, elapsed_s=2.0)
+    assert (summary["agents"], summary["mode"]) == (4, "ooo")
+    assert summary["requests"] == 4 and summary["errors"] == 1
+    assert summary["requests_per_s"] == 2.0
+    assert summary["e2e_p50_ms"] == 250.0 and summary["e2e_p95_ms"] == 400.0
+    assert summary["ttft_p50_ms"] == 25.0
+    assert summary["passes"] == 20 and summary["tokens_per_pass"] == 4.0
+
+
+def test_differences_count_answers_unlike_plains_at_the_same_level() -> None:
+    samples = [_sample("plain", "a#0", "x"), _sample("plain", "a#1", "y"),
+               _sample("ooo", "a#0", "x"), _sample("ooo", "a#1", "z"),
+               _sample("suffix", "a#0", "x"), _sample("suffix", "a#1", "", error="HTTP 503"),
+               _sample("ooo", "a#0", "other level", agents=1)]
+    diffs = agent_replay.differences(samples)
+    assert diffs == {(4, "plain"): 0, (4, "ooo"): 1, (4, "suffix"): 0, (1, "ooo"): 0}
+    table = agent_replay.format_table(
+        [agent_replay.summarize([s for s in samples if s.mode == "ooo" and s.agents == 4], 1.0)],
+        diffs)
+    assert table.splitlines()[2].endswith("| 1 |")
+
+
+def test_api_keys_one_tenant_per_agent(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("k1\nk2\n\n")
+    assert concurrency.api_keys(f"@{keys}", 2) == ["k1", "k2"]
+    assert concurrency.api_keys(None, 16) == [None]
+    with pytest.raises(ValueError, match="one tenant per agent"):
+        concurrency.api_keys("k1,k2", 4)

@@ -211,3 +211,16 @@ def test_batch_invariant_reaches_the_cuda_engines_environment() -> None:
     strict = EngineConfig(dtype="bfloat16", batch_invariant=True)
     assert cuda_launch(strict, "m").env[BATCH_INVARIANT_ENV] == "1"
     assert BATCH_INVARIANT_ENV not in cuda_launch(EngineConfig(dtype="bfloat16"), "m").env
+
+
+def test_stats_and_the_scheduling_policy_reach_vllm() -> None:
+    """Issue 42: vLLM's stats on by default (its `vllm:*` metrics), off by `log_stats`; the
+    priority policy only when asked (vLLM's default is fcfs)."""
+    on = cpu_launch(EngineConfig(), "/m", SPEC).kwargs
+    assert on["disable_log_stats"] is False and "scheduling_policy" not in on
+    off = cpu_launch(EngineConfig(log_stats=False, scheduling_policy="priority"), "/m",
+                     SPEC).kwargs
+    assert off["disable_log_stats"] is True and off["scheduling_policy"] == "priority"
+    from vllm import EngineArgs
+
+    EngineArgs(**{k: v for k, v in off.items() if k != "speculative_config"})  # vLLM takes them
