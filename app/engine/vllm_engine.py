@@ -199,6 +199,29 @@ def ray_stat_loggers() -> list[Any] | None:
     return [RayPrometheusStatLogger]
 
 
+def guard_empty_draft_rows(_worker: Any = None) -> bool:
+    """vLLM 0.32 runs its rejection sampler on every step of an engine with speculative
+    decoding, drafts or not; without Triton (the CPU build) its top-k over zero drafted rows
+    fails (`k.max()` of an empty tensor, `apply_top_k_only`) and kills the step loop with every
+    request in flight: one `top_k` request at temperature > 0 in a step without drafts did it.
+    With no drafted row there is nothing to constrain, so those logits go back untouched; any
+    other step is vLLM's own code. Run in each worker (`collective_rpc`); idempotent."""
+    from vllm.v1.sample import rejection_sampler
+
+    original = rejection_sampler.apply_sampling_constraints
+    if getattr(original, "ooo_spec_guarded", False):
+        return True
+
+    def guarded(logits: Any, cu_num_draft_tokens: Any, sampling_metadata: Any) -> Any:
+        if logits.shape[0] == 0:
+            return logits
+        return original(logits, cu_num_draft_tokens, sampling_metadata)
+
+    guarded.ooo_spec_guarded = True  # type: ignore[attr-defined]
+    rejection_sampler.apply_sampling_constraints = guarded
+    return True
+
+
 _DRAFT_FREE_PARAMS: Any = None
 
 
@@ -332,6 +355,8 @@ class VllmEngine:
             # Outside a Ray worker nothing would export them: no stats, no per-step cost.
             kwargs["disable_log_stats"] = loggers is None
         self.engine = LLMEngine.from_engine_args(EngineArgs(**kwargs), stat_loggers=loggers)
+        if self.speculation is not None or self.vllm_speculative is not None:
+            self.engine.collective_rpc(guard_empty_draft_rows)
         self.tokenizer = self.engine.get_tokenizer()
         if self.cfg.chat_template is not None:  # prompts and drafted calls go through it
             from app.formats.tool_formats.families import load_chat_template

@@ -96,7 +96,7 @@ async def test_forced_calls_through_the_structural_tag_are_lossless(
             return ChatCompletionRequest.model_validate({
                 "messages": [{"role": "user", "content": prompt}], "tools": TOOLS,
                 "tool_choice": choice, "temperature": 0.0, "max_tokens": 96,
-                "ooo_spec": {"enabled": enabled, "history": history}})
+                "ooo_spec": {"enabled": enabled, "history": history, "suffix": False}})
         plain = await service.complete(service.prepare(request(False)))
         assert plain.text.startswith(fmt.start_marker), plain.text
         assert plain.calls, plain.text
@@ -106,8 +106,9 @@ async def test_forced_calls_through_the_structural_tag_are_lossless(
             return Prediction(candidates=[[PredictedCall(name=c.name, arguments=c.arguments)
                                            for c in calls]])
 
-        # Schema drafts alone, the sidecar's prediction, then history (this call, recorded by
-        # the plain run): without history first, as it would win every step.
+        # Schema drafts alone, the sidecar's prediction, then history (the calls recorded by
+        # earlier history runs; the same question comes twice): the suffix source off, as its
+        # match on earlier outputs would win every step.
         for history, prediction in ((False, None), (False, predicted()), (True, None)):
             spec = await service.complete(service.prepare(request(True, history)), prediction)
             assert spec.token_ids == plain.token_ids, (name, prompt, spec.text, plain.text)

@@ -141,3 +141,30 @@ def test_vllms_speculative_refusals_are_the_ones_we_route_around() -> None:
     for applied in ("apply_penalties", "apply_bad_words_with_drafts", "MinTokensLogitsProcessor"):
         assert applied in sampler, applied
     assert "top_k" in inspect.getsource(rejection_sampler.apply_sampling_constraints)
+
+
+def test_top_k_over_zero_drafted_rows_no_longer_kills_the_engine() -> None:
+    """vLLM 0.32's CPU top-k fails on zero drafted rows (a step without drafts still runs the
+    rejection sampler), which killed the step loop for every request: the guard returns such
+    logits untouched and leaves every other call to vLLM."""
+    from types import SimpleNamespace
+
+    import torch
+    from vllm.v1.sample import rejection_sampler
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_only
+
+    from app.engine.vllm_engine import guard_empty_draft_rows
+
+    empty = torch.empty(0, 8)
+    with pytest.raises(RuntimeError):  # vLLM's bug, still there: the guard is still needed
+        apply_top_k_only(empty, torch.empty(0, dtype=torch.long))
+    original = rejection_sampler.apply_sampling_constraints
+    try:
+        assert guard_empty_draft_rows() and guard_empty_draft_rows()  # idempotent
+        guarded = rejection_sampler.apply_sampling_constraints
+        assert guarded(empty, torch.zeros(1, dtype=torch.int32), None) is empty
+        greedy = SimpleNamespace(all_greedy=True)
+        rows = torch.ones(2, 8)
+        assert guarded(rows, torch.tensor([2], dtype=torch.int32), greedy) is rows
+    finally:
+        rejection_sampler.apply_sampling_constraints = original
