@@ -219,7 +219,26 @@ def guard_empty_draft_rows(_worker: Any = None) -> bool:
 
     guarded.ooo_spec_guarded = True  # type: ignore[attr-defined]
     rejection_sampler.apply_sampling_constraints = guarded
+    from vllm.triton_utils import HAS_TRITON
+
+    if not HAS_TRITON:
+        # Without Triton the per-request temperature, top-k and top-p reached the drafted rows
+        # as uninitialised values (a top-k row indexed -512097393 and killed the step loop):
+        # the expansion in PyTorch, as its docstring defines it.
+        rejection_sampler.expand_batch_to_tokens = expand_batch_to_tokens
     return True
+
+
+def expand_batch_to_tokens(x: Any, cu_num_tokens: Any, num_tokens: int,
+                           replace_from: int = 0, replace_to: int = 0) -> Any:
+    """vLLM's `expand_batch_to_tokens` in PyTorch: each request's value once per drafted row
+    (`x = [a, b, c]`, `cu_num_tokens = [2, 5, 6]` -> `[a, a, b, b, b, c]`), `replace_from`
+    replaced by `replace_to`."""
+    import torch
+
+    counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1).long())
+    values = torch.where(x == replace_from, torch.full_like(x, replace_to), x)
+    return torch.repeat_interleave(values, counts, output_size=num_tokens)
 
 
 _DRAFT_FREE_PARAMS: Any = None

@@ -45,6 +45,7 @@ from app.formats.tool_format import (
     render_tagged_variants,
 )
 from app.formats.tool_formats import get_format
+from app.formats.tool_formats.families import load_chat_template
 from app.formats.tool_formats.vllm_parsing import VllmParsing
 from app.openai_models import CandidateReport, ChatCompletionRequest, MainReport
 from app.speculation.canonical import Invocation
@@ -252,7 +253,9 @@ class MainModelService:
                                           limits.grammar_compile_timeout_s,
                                           limits.check_max_wait_s, check_pool(limits, "main"))
         if self.format.vllm_backed:  # read by vLLM's parser, written through the template
-            self.format = get_format(self.format.name, self.engine.tokenizer)
+            template = self.config.main.engine.chat_template
+            self.format = get_format(self.format.name, self.engine.tokenizer,
+                                     load_chat_template(template) if template else None)
         mismatch = chat_prompt.format_mismatch(self.engine.tokenizer, self.format)
         if mismatch:
             logger.warning("tool format: %s", mismatch)

@@ -138,7 +138,9 @@ async def test_family_template_forced_calls_are_lossless(engine: VllmEngine, nam
             "main": {"engine": {"tool_format": name, "chat_template": name}},
             "speculation": {"history": {"min_similarity": 0.5}}})
         service = MainModelService(config, engine=engine)
-        service.format = get_format(name, engine.tokenizer)  # what start() binds
+        # What start() binds (the template explicitly: the engine's tokenizer renders with
+        # the model folder's template whatever its `chat_template` attribute says).
+        service.format = get_format(name, engine.tokenizer, FAMILIES[name].template_text())
         fmt = service.format
         from app.formats.tool_formats import ParsedCall
 

@@ -130,6 +130,10 @@ def test_local_default_stays_light_and_bench_config_adds_only_the_baseline_engin
     # Same server otherwise, so the bench's plain and ooo numbers are the local default's.
     rest = copy.deepcopy(bench)
     rest.pop("baselines")
+    # ... and per-mode suffix memories (diagnostics.suffix_scopes, off in the product: a
+    # scope is a per-request diagnostic) ...
+    assert rest.pop("diagnostics") == {"suffix_scopes": True}
+    local.pop("diagnostics", None)
     # ... and the bench's own tool module (slow_lookup), which the product does not ship.
     assert rest.pop("tools") == [*local.pop("tools"), "load_tests.bench_tools"]
     for part in ("main", "sidecar"):

@@ -168,3 +168,16 @@ def test_top_k_over_zero_drafted_rows_no_longer_kills_the_engine() -> None:
         assert guarded(rows, torch.tensor([2], dtype=torch.int32), greedy) is rows
     finally:
         rejection_sampler.apply_sampling_constraints = original
+
+
+def test_the_pytorch_expansion_is_vllms() -> None:
+    import torch
+
+    from app.engine.vllm_engine import expand_batch_to_tokens
+
+    x = torch.tensor([0.0, 0.7, 1.3])
+    out = expand_batch_to_tokens(x, torch.tensor([2, 5, 6], dtype=torch.int32), 6,
+                                 replace_from=0, replace_to=1)
+    assert out.tolist() == pytest.approx([1.0, 1.0, 0.7, 0.7, 0.7, 1.3])
+    k = expand_batch_to_tokens(torch.tensor([5, 3]), torch.tensor([0, 2]), 2)
+    assert k.tolist() == [3, 3]  # a request without drafted rows takes none
