@@ -105,7 +105,7 @@ def format_mismatch(tokenizer: ChatTokenizer, fmt: ToolFormat) -> str | None:
             f"format (main.engine.tool_format); use the model's own template, which writes "
             f"calls as vLLM's parser of that name reads them"
         )
-    if written is None or fmt.writes_call(written):
+    if written is None or fmt.writes_call(written, _PROBE_TOOLS):
         return None
     return (
         f"the model's chat template renders tools but writes a call as {written.strip()[:120]!r}, "

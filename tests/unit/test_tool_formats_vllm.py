@@ -262,7 +262,10 @@ def test_a_template_in_another_dialect_is_told_apart() -> None:
     """The startup check (chat_prompt.format_mismatch) asks the format whether a template's
     past call is one of its calls: vLLM's parser of the name decides."""
     calls = GOLDEN["several"]
+    tools = [{"type": "function", "function": {"name": call.name, "parameters": {
+        "type": "object", "properties": {key: {"type": "string"} for key in call.arguments}}}}
+        for call in calls]
     qwen, glm = family_format("qwen3_coder"), family_format("glm47")
-    assert qwen.writes_call(qwen.render(calls) + "<|im_end|>\n")
-    assert not qwen.writes_call(glm.render(calls))
-    assert not glm.writes_call(family_format("kimi_k2").render(calls))
+    assert qwen.writes_call(qwen.render(calls) + "<|im_end|>\n", tools)
+    assert not qwen.writes_call(glm.render(calls), tools)
+    assert not glm.writes_call(family_format("kimi_k2").render(calls), tools)

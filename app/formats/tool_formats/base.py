@@ -117,9 +117,10 @@ class ToolFormat(ABC):
                 return text[:-size], False
         return text, False
 
-    def writes_call(self, text: str) -> bool:
-        """True when `text` (a chat template's rendering of a past call) has a call in this
-        format: how a template's own dialect is told apart from the configured one."""
+    def writes_call(self, text: str, tools: list[dict[str, Any]] | None = None) -> bool:
+        """True when `text` (a chat template's rendering of a past call of one of `tools`) has
+        a call in this format: how a template's own dialect is told apart from the configured
+        one."""
         return self.start_marker in text
 
     # Whether the format reads outputs with vLLM's parser of its name (and so needs the

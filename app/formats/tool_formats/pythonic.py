@@ -49,7 +49,7 @@ class PythonicFormat(ToolFormat):
 
         return "[" + ", ".join(one(c) for c in calls) + "]"
 
-    def writes_call(self, text: str) -> bool:
+    def writes_call(self, text: str, tools: list[dict[str, Any]] | None = None) -> bool:
         return re.search(r"\[\s*[a-zA-Z]\w*\(", text) is not None
 
     def call_start(self, text: str) -> int:

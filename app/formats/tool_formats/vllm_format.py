@@ -118,13 +118,15 @@ class VllmFormat(ToolFormat):
             return text, False
         return super().stream_content(text)
 
-    def writes_call(self, text: str) -> bool:
+    def writes_call(self, text: str, tools: list[dict[str, Any]] | None = None) -> bool:
         """Whether vLLM's parser of the name finds a call in `text` (a template's rendering of
-        a past call): the template and the parser agree."""
+        a past call of one of `tools`): the template and the parser agree. Some parsers
+        (qwen3_coder) read only calls of the request's declared tools, so the probe's tools
+        are passed."""
         if self.parsing is None:
-            return super().writes_call(text)
+            return super().writes_call(text, tools)
         try:
-            return bool(self.parse(text).calls)
+            return bool(self.parse(text, tools).calls)
         except Exception:
             return False
 
