@@ -232,3 +232,25 @@ def test_a_circle_is_found() -> None:
               "app.config": {"app.engine.engine_args.Platform", "app.engine.engine_args"}}
     assert module_cycles(across) == [["app.config", "app.engine.cuda_driver",
                                       "app.engine.engine_args"]]
+
+
+# No room of app/ holds more than about a fifth of the product (issue: the engine room had 28%).
+MAX_ROOM_SHARE = 0.22
+
+
+def room_sizes() -> dict[str, int]:
+    """Lines per folder of app/ (its modules at the top count as `app`) and deployments/."""
+    sizes: dict[str, int] = {}
+    for path in product_files():
+        parts = path.relative_to(ROOT).parts
+        room = "/".join(parts[:2]) if parts[0] == "app" and len(parts) > 2 else parts[0]
+        sizes[room] = sizes.get(room, 0) + len(path.read_text(encoding="utf-8").splitlines())
+    return sizes
+
+
+def test_no_room_holds_more_than_a_fifth_of_the_product() -> None:
+    sizes = room_sizes()
+    total = sum(sizes.values())
+    assert {room: round(n / total, 3) for room, n in sizes.items()
+            if n / total > MAX_ROOM_SHARE} == {}
+    assert len([room for room in sizes if room.startswith("app/")]) >= 10
