@@ -25,6 +25,7 @@ from app.distill.collect import collect, load_cases
 from app.distill.pairs import offline_sidecar, render_pairs
 from app.engine.embedded_model import resolve_model_path
 from app.engine.vllm_engine import USE_ADAPTER, EngineError
+from app.formats.structural_tag import engine_tag_model
 from app.formats.tool_format import parse_forced
 from app.main_model.service import MainModelService
 from app.openai_models import ChatCompletionRequest
@@ -198,8 +199,11 @@ def test_collected_calls_are_the_main_models_and_render_as_slot_pairs(
     decode = main.engine.tokenizer.decode
     for sample in samples:
         case = by_id[sample.case_id]
-        # What the main model wrote, parsed as the server parses a forced call.
-        parsed = parse_forced(sample.text, None).calls
+        # What the main model wrote, parsed as the server parses a forced call: in the
+        # format's own text where a structural tag constrained it, else the JSON fallback.
+        parsed = (main.format.parse(sample.text, case.tools)
+                  if engine_tag_model(main.config.main.engine) is not None
+                  else parse_forced(sample.text, None)).calls
         assert [(c.name, c.arguments) for c in parsed] == [
             (c.name, c.arguments) for c in sample.calls]
         schemas = {t["function"]["name"]: t["function"]["parameters"] for t in case.tools}
