@@ -34,10 +34,6 @@ from app.drafting.request_alignment import (
 )
 from app.drafting.suffix_index import suffix_match
 
-# How fast the replica's per-source rates (the prior of each new request's) follow settled
-# drafts: over many requests, not one.
-REPLICA_SMOOTHING = 0.05
-
 
 class CandidateProposer:
     def __init__(self, vllm_config: Any) -> None:
@@ -55,9 +51,6 @@ class CandidateProposer:
         self.tokenized: TokenizedCandidates | None = None
         # Per engine request id; dropped when the request leaves the store.
         self.tracked: dict[str, TrackedRequest] = {}
-        # What each source's drafts earned across this replica's recent requests: a new
-        # request's rates start here (app/drafting/draft_choice.py).
-        self.replica_rates = SourceRates(smoothing=REPLICA_SMOOTHING)
         # Decode steps' times against the tokens they verified (app/drafting/draft_worth.py).
         self.clock = PassClock()
         self._last_step: tuple[float, frozenset[str], int] | None = None
@@ -123,7 +116,7 @@ class CandidateProposer:
             seen.add(req_id)
             tracked = self.tracked.get(req_id)
             if tracked is None:
-                tracked = self.tracked[req_id] = TrackedRequest(rates=self.replica_rates.copy())
+                tracked = self.tracked[req_id] = TrackedRequest()
             tracked.acceptance.observe(len(sampled), self.policy)
             if tracked.pending is not None:
                 self._settle(req_id, tracked, tracked.pending, sampled)
@@ -237,9 +230,8 @@ class CandidateProposer:
         """Count what the last step's draft earned for its source."""
         assert self.store is not None
         earned = pending.settle(committed)
-        for rates in (tracked.rates, self.replica_rates):
-            rates.observe(pending.chosen.source, len(pending.chosen.tokens),
-                          earned.accepted_tokens)
+        tracked.rates.observe(pending.chosen.source, len(pending.chosen.tokens),
+                              earned.accepted_tokens)
         self.store.record_settled(req_id, pending.chosen.source, earned)
         tracked.pending = None
 

@@ -6,8 +6,8 @@ One is drafted: the one with the most tokens the main model is expected to accep
 source's recent per-token acceptance in this request (`SourceRates`): with rate p, a draft of
 L tokens is expected to get p + p^2 + ... + p^L accepted (each token only if all before it
 were). Ties go by the order of `DRAFT_SOURCES` (a prediction made for this request first).
-A request's rates start at the replica's (what each source earned in recent requests, or
-`PRIOR` at first) and follow what the engine accepts, so a source that keeps failing on this
+A request's rates start at `PRIOR` (never from other requests: one tenant's traffic must not
+change another's drafts) and follow what the engine accepts, so a source that keeps failing on this
 output (a schema's placeholder value, an earlier output that went elsewhere) gives way to one
 that does not. A step's evidence is read as a geometric trial: `a` of `L` drafted tokens
 accepted is `a` successes and, when `a < L`, one failure (the rejected token; those after it

@@ -106,7 +106,7 @@ def test_append_note_is_never_pre_executed(  # type: ignore[no-untyped-def]
     # Speculation on, tools not executed: the sidecar's prediction must not write a note.
     response = openai_client.chat.completions.create(
         model=MODEL, messages=messages, tools=tools, tool_choice="required", temperature=0,
-        max_tokens=48, extra_body={"ooo_spec": {"enabled": True, "execute_tools": False,
+        max_tokens=96, extra_body={"ooo_spec": {"enabled": True, "execute_tools": False,
                                  "server_tools": True}},
     )
     assert response.choices[0].message.tool_calls
@@ -116,7 +116,7 @@ def test_append_note_is_never_pre_executed(  # type: ignore[no-untyped-def]
     # so it lands while this second request runs: the count below includes it (no sleep).
     response = openai_client.chat.completions.create(
         model=MODEL, messages=messages, tools=tools, tool_choice="required", temperature=0,
-        max_tokens=48,
+        max_tokens=96,
         extra_body={"ooo_spec": {"enabled": True, "execute_tools": True,
                                  "server_tools": True, "max_steps": 1}},
     )
