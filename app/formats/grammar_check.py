@@ -54,6 +54,15 @@ def tokenizer_info(tokenizer: Any, vocab_size: int | None) -> Any:
     return xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
 
 
+def engine_grammar_check(engine: Any, limits: LimitsConfig, name: str) -> GrammarCheck:
+    """The grammar check of a started engine's replica (`name`: its check pool's), sized by
+    the model's vocabulary as vLLM's structured-output backend sizes it."""
+    config = getattr(getattr(engine, "engine", None), "model_config", None)
+    vocab = config.get_vocab_size() if config is not None else None
+    return GrammarCheck(tokenizer_info(engine.tokenizer, vocab), limits.grammar_compile_timeout_s,
+                        limits.check_max_wait_s, check_pool(limits, name))
+
+
 def check_pool(limits: LimitsConfig, name: str) -> CheckPool:
     """A replica's check pool as `limits` size it (`check_threads`, `check_threads_per_tenant`,
     the latter at most the former)."""

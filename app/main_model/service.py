@@ -28,7 +28,7 @@ from app.drafting.suffix_index import SuffixIndex, TenantSuffixes
 from app.engine.protocol import DraftStore, Engine
 from app.engine.vllm_engine import GenerationTally, VllmEngine
 from app.formats import chat_prompt
-from app.formats.grammar_check import GrammarCheck, GrammarTooSlow, check_pool, tokenizer_info
+from app.formats.grammar_check import GrammarCheck, GrammarTooSlow, engine_grammar_check
 from app.formats.json_grammar import GrammarError, bounded_whitespace_grammar
 from app.formats.logprobs import TokenLogprobs, chat_logprobs, completion_logprobs
 from app.formats.reasoning import Reasoning
@@ -246,12 +246,8 @@ class MainModelService:
 
     def start(self) -> None:
         self.engine.start()
-        config = getattr(getattr(self.engine, "engine", None), "model_config", None)
-        vocab = config.get_vocab_size() if config is not None else None
         limits = self.config.limits
-        self.grammar_check = GrammarCheck(tokenizer_info(self.engine.tokenizer, vocab),
-                                          limits.grammar_compile_timeout_s,
-                                          limits.check_max_wait_s, check_pool(limits, "main"))
+        self.grammar_check = engine_grammar_check(self.engine, limits, "main")
         if self.format.vllm_backed:  # read by vLLM's parser, written through the template
             template = self.config.main.engine.chat_template
             self.format = get_format(self.format.name, self.engine.tokenizer,

@@ -34,7 +34,7 @@ from typing import Any
 from app.config import AppConfig
 from app.engine.pass_ledger import count_passes
 from app.engine.vllm_engine import CACHE_SALT, USE_ADAPTER, GenerationResult, VllmEngine
-from app.formats.grammar_check import GrammarCheck, check_pool, tokenizer_info
+from app.formats.grammar_check import GrammarCheck, engine_grammar_check
 from app.formats.tool_format import (
     ParsedCall,
     forced_output_schema,
@@ -62,13 +62,7 @@ class SidecarService:
 
     def start(self) -> None:
         self.engine.start()
-        config = getattr(getattr(self.engine, "engine", None), "model_config", None)
-        vocab = config.get_vocab_size() if config is not None else None
-        limits = self.config.limits
-        self.grammar_check = GrammarCheck(tokenizer_info(self.engine.tokenizer, vocab),
-                                          limits.grammar_compile_timeout_s,
-                                          limits.check_max_wait_s,
-                                          check_pool(limits, "sidecar"))
+        self.grammar_check = engine_grammar_check(self.engine, self.config.limits, "sidecar")
 
     async def check_grammar(self, sampling: dict[str, Any]) -> None:
         """The grammar of an engine request, compiled within the limit in the check pool under
