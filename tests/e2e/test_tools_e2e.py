@@ -101,12 +101,16 @@ def test_append_note_is_never_pre_executed(  # type: ignore[no-untyped-def]
     openai_client, server_tools: dict[str, dict[str, Any]]
 ) -> None:
     tools = [as_request_tool(server_tools["append_note"])]
+    # The server runs a tool by its name; the request's schema may be tighter than the server's.
+    # A short note keeps the forced call inside max_tokens (under the schema, greedy decoding
+    # of this small model otherwise writes the note on until the budget runs out).
+    tools[0]["function"]["parameters"]["properties"]["text"]["maxLength"] = 24
     messages = [{"role": "user", "content": "Save a note: buy milk."}]
     before = count_notes()
     # Speculation on, tools not executed: the sidecar's prediction must not write a note.
     response = openai_client.chat.completions.create(
         model=MODEL, messages=messages, tools=tools, tool_choice="required", temperature=0,
-        max_tokens=96, extra_body={"ooo_spec": {"enabled": True, "execute_tools": False,
+        max_tokens=64, extra_body={"ooo_spec": {"enabled": True, "execute_tools": False,
                                  "server_tools": True}},
     )
     assert response.choices[0].message.tool_calls
@@ -116,7 +120,7 @@ def test_append_note_is_never_pre_executed(  # type: ignore[no-untyped-def]
     # so it lands while this second request runs: the count below includes it (no sleep).
     response = openai_client.chat.completions.create(
         model=MODEL, messages=messages, tools=tools, tool_choice="required", temperature=0,
-        max_tokens=96,
+        max_tokens=64,
         extra_body={"ooo_spec": {"enabled": True, "execute_tools": True,
                                  "server_tools": True, "max_steps": 1}},
     )
