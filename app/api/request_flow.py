@@ -302,6 +302,15 @@ class RequestFlow:
         except TimeoutError:
             raise deadline_error(timeout) from None
 
+    def choice_chunks(
+        self, chat: ChatCompletionRequest, events: AsyncIterator[tuple[str, dict[str, Any]]],
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """One choice's chat chunks, read as the main model writes (its tool format, reasoning
+        parser and forced-call syntax): what the Responses and Messages streams translate."""
+        engine = self.config.main.engine
+        return choice_chunks(chat, events, self.chat.model_name, main_format(engine),
+                             engine.reasoning_parser, engine_tag_model(engine) is not None)
+
     async def responses(self, incoming: Incoming) -> Reply:
         async with self.admitted(incoming) as admission:
             request = admission.checked.of(ResponsesRequest)
@@ -311,7 +320,8 @@ class RequestFlow:
             events = self._chat_events(chat, incoming, admission.caller)
             if request.stream:
                 replay = await prefetched(events)
-                return owning_stream(stream_events(request, chat, replay, self.chat.model_name),
+                chunks = self.choice_chunks(chat, replay)
+                return owning_stream(stream_events(request, chunks, self.chat.model_name),
                                      [replay, events], admission.hand_over())
             return JsonReply(ResponseBuilder(request, self.chat.model_name).final(
                 await final(events)))
@@ -327,10 +337,7 @@ class RequestFlow:
             events = self._chat_events(chat, incoming, admission.caller)
             if request.stream:
                 replay = await prefetched(events)
-                engine = self.config.main.engine
-                chunks = choice_chunks(chat, replay, self.chat.model_name,
-                                       main_format(engine), engine.reasoning_parser,
-                                       engine_tag_model(engine) is not None)
+                chunks = self.choice_chunks(chat, replay)
                 return owning_stream(message_events(chunks, self.chat.model_name),
                                      [replay, events], admission.hand_over())
             return JsonReply(to_message(await final(events), self.chat.model_name))

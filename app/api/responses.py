@@ -473,13 +473,12 @@ class ResponseBuilder:
         return body
 
     def final(self, completion: dict[str, Any], message_id: str | None = None,
-              reasoning: bool = True, reasoning_id: str | None = None) -> dict[str, Any]:
-        """`reasoning`: false when a stream already sent the thinking as the message's text
-        (no tools held it back): then it is not an item of its own either."""
+              reasoning_id: str | None = None) -> dict[str, Any]:
+        """The response of a finished completion (a stream passes its items' ids)."""
         choice = completion["choices"][0]
         message = choice["message"]
         output: list[dict[str, Any]] = []
-        thought = message_reasoning(message) if reasoning else None
+        thought = message_reasoning(message)
         if thought is not None:
             output.append(_reasoning_item(thought, reasoning_id))
         if message.get("content"):
@@ -492,122 +491,153 @@ class ResponseBuilder:
         return self.body(status, output, completion)
 
 
-async def stream_events(
-    request: ResponsesRequest,
-    chat_request: ChatCompletionRequest,
-    events: AsyncIterator[tuple[str, dict[str, Any]]],
-    model: str,
-) -> AsyncIterator[str]:
-    """The Responses event sequence: `response.created`, `response.in_progress`; per output
-    item `output_item.added`, its content (`output_text.delta`s, or the call's
-    `function_call_arguments.delta`), its `.done` events; then `response.completed` (or
-    `response.incomplete` at `max_output_tokens`) with `ooo_spec`. With tools in play the
-    text is held until the calls are parsed, as on the chat route."""
-    builder = ResponseBuilder(request, model)
-    sequence = 0
+class _ItemStream:
+    """The output items of one streamed response as their events: the reasoning item
+    (index 0) while the model thinks, then the message, then the calls, each closed before the
+    next opens, numbered in order."""
 
-    def event(kind: str, **fields: Any) -> str:
-        nonlocal sequence
-        body = {"type": kind, "sequence_number": sequence, **fields}
-        sequence += 1
+    def __init__(self, reasoning_id: str, message_id: str) -> None:
+        self.reasoning_id = reasoning_id
+        self.message_id = message_id
+        self.sequence = 0
+        self.index = 0  # the output index of the item open now, or of the next one
+        self.thinking = ""
+        self.said = ""
+        self.open: Literal["reasoning", "message"] | None = None
+
+    def event(self, kind: str, **fields: Any) -> str:
+        body = {"type": kind, "sequence_number": self.sequence, **fields}
+        self.sequence += 1
         return f"event: {kind}\ndata: {json.dumps(body, ensure_ascii=False)}\n\n"
 
-    hold_text = chat_request.effective_tool_choice != "none"
-    at = 0  # the message's output index: 1 behind a reasoning item
-    reasoning_id = f"rs_{uuid.uuid4().hex}"
-    message_id = f"msg_{uuid.uuid4().hex}"
-    text = ""
-    opened = False
-    index = 0
+    def thought(self, piece: str) -> list[str]:
+        """A piece of the reasoning: once the message has opened, the rest of it is only in the
+        final response's reasoning item (items do not reopen)."""
+        if not piece or self.said or self.open == "message":
+            return []
+        lines = []
+        if self.open is None:
+            item = {**_reasoning_item("", self.reasoning_id), "content": [],
+                    "status": "in_progress"}
+            lines.append(self.event("response.output_item.added", output_index=self.index,
+                                    item=item))
+            self.open = "reasoning"
+        self.thinking += piece
+        lines.append(self.event("response.reasoning_text.delta", item_id=self.reasoning_id,
+                                output_index=self.index, content_index=0, delta=piece))
+        return lines
 
-    def open_message() -> list[str]:
+    def text(self, piece: str) -> list[str]:
+        if not piece:
+            return []
+        lines = self.close() if self.open == "reasoning" else []
+        if self.open is None:
+            lines += [
+                self.event("response.output_item.added", output_index=self.index,
+                           item=_message_item(self.message_id, "", "in_progress")),
+                self.event("response.content_part.added", item_id=self.message_id,
+                           output_index=self.index, content_index=0,
+                           part={"type": "output_text", "text": "", "annotations": [],
+                                 "logprobs": []}),
+            ]
+            self.open = "message"
+        self.said += piece
+        lines.append(self.event("response.output_text.delta", item_id=self.message_id,
+                                output_index=self.index, content_index=0, delta=piece,
+                                logprobs=[]))
+        return lines
+
+    def close(self) -> list[str]:
+        """Close the item open now, if any."""
+        at = self.index
+        if self.open == "reasoning":
+            done = _reasoning_item(self.thinking, self.reasoning_id)
+            lines = [
+                self.event("response.reasoning_text.done", item_id=self.reasoning_id,
+                           output_index=at, content_index=0, text=self.thinking),
+                self.event("response.output_item.done", output_index=at, item=done),
+            ]
+        elif self.open == "message":
+            part = {"type": "output_text", "text": self.said, "annotations": [], "logprobs": []}
+            lines = [
+                self.event("response.output_text.done", item_id=self.message_id,
+                           output_index=at, content_index=0, text=self.said, logprobs=[]),
+                self.event("response.content_part.done", item_id=self.message_id,
+                           output_index=at, content_index=0, part=part),
+                self.event("response.output_item.done", output_index=at,
+                           item=_message_item(self.message_id, self.said, "completed")),
+            ]
+        else:
+            return []
+        self.open = None
+        self.index += 1
+        return lines
+
+    def call(self, done: dict[str, Any]) -> list[str]:
+        """A parsed call's item, whole: its input or arguments in one delta."""
+        at = self.index
+        self.index += 1
+        if done["type"] == "custom_tool_call":
+            return [
+                self.event("response.output_item.added", output_index=at,
+                           item={**done, "input": "", "status": "in_progress"}),
+                self.event("response.custom_tool_call_input.delta", item_id=done["id"],
+                           output_index=at, delta=done["input"]),
+                self.event("response.custom_tool_call_input.done", item_id=done["id"],
+                           output_index=at, input=done["input"]),
+                self.event("response.output_item.done", output_index=at, item=done),
+            ]
         return [
-            event("response.output_item.added", output_index=at,
-                  item=_message_item(message_id, "", "in_progress")),
-            event("response.content_part.added", item_id=message_id, output_index=at,
-                  content_index=0, part={"type": "output_text", "text": "",
-                                         "annotations": [], "logprobs": []}),
+            self.event("response.output_item.added", output_index=at,
+                       item={**done, "arguments": "", "status": "in_progress"}),
+            self.event("response.function_call_arguments.delta", item_id=done["id"],
+                       output_index=at, delta=done["arguments"]),
+            self.event("response.function_call_arguments.done", item_id=done["id"],
+                       output_index=at, arguments=done["arguments"], name=done["name"]),
+            self.event("response.output_item.done", output_index=at, item=done),
         ]
 
-    def close_message() -> list[str]:
-        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-        return [
-            event("response.output_text.done", item_id=message_id, output_index=at,
-                  content_index=0, text=text, logprobs=[]),
-            event("response.content_part.done", item_id=message_id, output_index=at,
-                  content_index=0, part=part),
-            event("response.output_item.done", output_index=at,
-                  item=_message_item(message_id, text, "completed")),
-        ]
 
-    yield event("response.created", response=builder.body("in_progress", []))
-    yield event("response.in_progress", response=builder.body("in_progress", []))
+async def stream_events(
+    request: ResponsesRequest,
+    chunks: AsyncIterator[tuple[str, dict[str, Any]]],
+    model: str,
+) -> AsyncIterator[str]:
+    """The Responses event sequence from one choice's chat chunks
+    (`app.api.streaming.choice_chunks`, which read the reasoning, the text and the calls as
+    they are decoded): `response.created`, `response.in_progress`; a thinking model's
+    `reasoning` item as it thinks (`reasoning_text.delta`s); the message as its text comes
+    (`output_text.delta`s); each call's item once the output is parsed
+    (`function_call_arguments.delta`/`.done`); then `response.completed` (or
+    `response.incomplete` at `max_output_tokens`) with `ooo_spec`."""
+    builder = ResponseBuilder(request, model)
+    stream = _ItemStream(reasoning_id=f"rs_{uuid.uuid4().hex}",
+                         message_id=f"msg_{uuid.uuid4().hex}")
+
+    yield stream.event("response.created", response=builder.body("in_progress", []))
+    yield stream.event("response.in_progress", response=builder.body("in_progress", []))
     try:
-        async for kind, item in events:
-            if kind == "delta":
-                if hold_text or not item["text"]:
-                    continue
-                if not opened:
-                    for line in open_message():
+        async for kind, item in chunks:
+            if kind == "chunk":
+                delta = item["choices"][0]["delta"]
+                for line in stream.thought(delta.get("reasoning") or ""):
+                    yield line
+                for line in stream.text(delta.get("content") or ""):
+                    yield line
+            elif kind == "end":
+                message = item["choices"][0]["message"]
+                for line in stream.close():
+                    yield line
+                for call in message.get("tool_calls") or []:
+                    for line in stream.call(_call_item(call, custom=request.custom_tool_names)):
                         yield line
-                    opened = True
-                text += item["text"]
-                yield event("response.output_text.delta", item_id=message_id, output_index=at,
-                            content_index=0, delta=item["text"], logprobs=[])
-                continue
-            message = item["choices"][0]["message"]
-            streamed_raw = opened  # the thinking, if any, went out as the message's text
-            thought = None if opened else message_reasoning(message)
-            if thought is not None:
-                done = _reasoning_item(thought, reasoning_id)
-                yield event("response.output_item.added", output_index=0,
-                            item={**done, "content": [], "status": "in_progress"})
-                yield event("response.reasoning_text.delta", item_id=done["id"], output_index=0,
-                            content_index=0, delta=thought)
-                yield event("response.reasoning_text.done", item_id=done["id"], output_index=0,
-                            content_index=0, text=thought)
-                yield event("response.output_item.done", output_index=0, item=done)
-                at = index = 1
-            if hold_text and message.get("content"):
-                text = message["content"]
-                for line in open_message():
-                    yield line
-                opened = True
-                yield event("response.output_text.delta", item_id=message_id, output_index=at,
-                            content_index=0, delta=text, logprobs=[])
-            if opened:
-                for line in close_message():
-                    yield line
-                index = at + 1
-            custom = request.custom_tool_names
-            for call in message.get("tool_calls") or []:
-                done = _call_item(call, custom=custom)
-                if done["type"] == "custom_tool_call":
-                    yield event("response.output_item.added", output_index=index,
-                                item={**done, "input": "", "status": "in_progress"})
-                    yield event("response.custom_tool_call_input.delta", item_id=done["id"],
-                                output_index=index, delta=done["input"])
-                    yield event("response.custom_tool_call_input.done", item_id=done["id"],
-                                output_index=index, input=done["input"])
-                    yield event("response.output_item.done", output_index=index, item=done)
-                    index += 1
-                    continue
-                yield event("response.output_item.added", output_index=index,
-                            item={**done, "arguments": "", "status": "in_progress"})
-                yield event("response.function_call_arguments.delta", item_id=done["id"],
-                            output_index=index, delta=done["arguments"])
-                yield event("response.function_call_arguments.done", item_id=done["id"],
-                            output_index=index, arguments=done["arguments"],
-                            name=done["name"])
-                yield event("response.output_item.done", output_index=index, item=done)
-                index += 1
-            final = builder.final(item, message_id, reasoning=not streamed_raw,
-                                  reasoning_id=reasoning_id)
-            yield event(f"response.{final['status']}", response=final)
+                final = builder.final(item, stream.message_id, reasoning_id=stream.reasoning_id)
+                yield stream.event(f"response.{final['status']}", response=final)
     except ApiError as err:
         body = err.body()["error"]
-        yield event("error", code=body["code"], message=body["message"], param=body["param"])
+        yield stream.event("error", code=body["code"], message=body["message"],
+                           param=body["param"])
     except Exception:  # the stream has started: report in-band, then close
         # The details go to the log only: an exception's text can carry internals.
         logger.exception("responses stream failed")
-        yield event("error", code="server_error", message="generation failed", param=None)
+        yield stream.event("error", code="server_error", message="generation failed", param=None)

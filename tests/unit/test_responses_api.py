@@ -15,6 +15,9 @@ from app.api.responses import (
     stream_events,
     to_chat_request,
 )
+from app.api.streaming import choice_chunks
+from app.formats.reasoning import ReasoningParserName
+from app.formats.tool_formats import get_format
 
 TOOL = {"type": "function", "name": "get_weather", "description": "Weather of a city",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -122,13 +125,18 @@ def test_response_object() -> None:
     assert cut["output"][0]["content"][0]["text"] == "abc"
 
 
-async def run(request: Any, items: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+async def run(request: Any, items: list[tuple[str, dict[str, Any]]],
+              reasoning_parser: ReasoningParserName | None = None) -> list[dict[str, Any]]:
+    """The stream's events, through the chat chunks the route translates (the main model's
+    output read as it is decoded: hermes calls, `reasoning_parser`)."""
     async def events() -> AsyncIterator[tuple[str, dict[str, Any]]]:
         for item in items:
             yield item
 
+    chunks = choice_chunks(to_chat_request(request), events(), "m", get_format("hermes"),
+                           reasoning_parser)
     out = []
-    async for line in stream_events(request, to_chat_request(request), events(), "m"):
+    async for line in stream_events(request, chunks, "m"):
         head, data = line.strip().split("\n")
         body = json.loads(data.removeprefix("data: "))
         assert head == f"event: {body['type']}"
@@ -160,6 +168,32 @@ async def test_tool_call_stream_event_sequence() -> None:
         "response.output_item.done", "response.completed"]
     assert got[4]["arguments"] == '{"city": "Paris"}'
     assert got[-1]["response"]["output"][0]["call_id"] == "call_0"
+
+
+async def test_a_thinking_model_streams_its_reasoning_item_then_the_message() -> None:
+    """Without tools the text streams as it is decoded, and a thinking model's reasoning is
+    an item of its own, streamed first (not the message's text)."""
+    final = completion("Sunny.", [])
+    final["choices"][0]["message"]["reasoning"] = "Let me see."
+    got = await run(parse(input="hi", stream=True, reasoning={"effort": "high"}),
+                    [("delta", {"text": "Let me"}), ("delta", {"text": " see.</think>"}),
+                     ("delta", {"text": "Sunny."}), ("final", final)], "qwen3")
+    kinds = [e["type"] for e in got]
+    assert kinds == [
+        "response.created", "response.in_progress",
+        "response.output_item.added", "response.reasoning_text.delta",
+        "response.reasoning_text.delta", "response.reasoning_text.done",
+        "response.output_item.done",
+        "response.output_item.added", "response.content_part.added",
+        "response.output_text.delta", "response.output_text.done",
+        "response.content_part.done", "response.output_item.done", "response.completed"]
+    assert [e["sequence_number"] for e in got] == list(range(len(got)))
+    assert got[5]["text"] == "Let me see." and got[10]["text"] == "Sunny."
+    assert [e["output_index"] for e in got[2:13]] == [0] * 5 + [1] * 6
+    output = got[-1]["response"]["output"]
+    assert [item["type"] for item in output] == ["reasoning", "message"]
+    assert output[0]["id"] == got[2]["item"]["id"] and output[1]["id"] == got[7]["item"]["id"]
+    assert output[0]["content"][0]["text"] == "Let me see."
 
 
 CODEX = {
@@ -214,7 +248,8 @@ async def test_a_stream_sends_reasoning_and_custom_calls_as_their_items() -> Non
     request = parse(**{**CODEX, "stream": True})
     answer = completion(None, [("apply_patch", json.dumps({"input": "*** Begin Patch"}))])
     answer["choices"][0]["message"]["reasoning"] = "Think."
-    got = await run(request, [("delta", {"text": "<think>"}), ("final", answer)])
+    got = await run(request, [("delta", {"text": "Think."}), ("delta", {"text": "</think>"}),
+                              ("final", answer)], "qwen3")
     assert [e["type"] for e in got] == [
         "response.created", "response.in_progress",
         "response.output_item.added", "response.reasoning_text.delta",
