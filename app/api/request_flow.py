@@ -26,7 +26,7 @@ from app.api.chat_service import ChatService, StartSidecar, choice_requests, mer
 from app.api.completions import CompletionRequest, CompletionService
 from app.api.errors import ApiError, api_error
 from app.api.limits import deadline_error, read_limited, with_deadline
-from app.api.main_format import main_format
+from app.api.main_format import main_format_async, warm_main_format
 from app.api.messages import CountTokensRequest, MessagesRequest, to_message
 from app.api.messages import stream_events as message_events
 from app.api.request_checks import ROUTES, Bounds, Checked, run_checks
@@ -207,6 +207,7 @@ class RequestFlow:
         self.count_call = count_call
         self.tokens_call = tokens_call
         self.limiter = ConcurrencyLimiter(config.auth.retry_after_s)
+        warm_main_format(config.main.engine)  # a vLLM-read format loads before it streams
         # The router's request checks, in a bounded pool fair between tenants, like the
         # replicas' grammar checks (app/check_pool.py).
         limits = config.limits
@@ -277,7 +278,7 @@ class RequestFlow:
                 pairs = [s for pair in zip(replays, choices, strict=True) for s in pair]
                 engine = self.config.main.engine
                 sse = stream_sse(request, replays, self.chat.model_name,
-                                 main_format(engine), engine.reasoning_parser,
+                                 await main_format_async(engine), engine.reasoning_parser,
                                  engine_tag_model(engine) is not None)
                 return owning_stream(sse, pairs, admission.hand_over())
             return JsonReply(merge_completions(await all_finals(choices)))
@@ -302,13 +303,14 @@ class RequestFlow:
         except TimeoutError:
             raise deadline_error(timeout) from None
 
-    def choice_chunks(
+    async def choice_chunks(
         self, chat: ChatCompletionRequest, events: AsyncIterator[tuple[str, dict[str, Any]]],
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """One choice's chat chunks, read as the main model writes (its tool format, reasoning
         parser and forced-call syntax): what the Responses and Messages streams translate."""
         engine = self.config.main.engine
-        return choice_chunks(chat, events, self.chat.model_name, main_format(engine),
+        return choice_chunks(chat, events, self.chat.model_name,
+                             await main_format_async(engine),
                              engine.reasoning_parser, engine_tag_model(engine) is not None)
 
     async def responses(self, incoming: Incoming) -> Reply:
@@ -320,7 +322,7 @@ class RequestFlow:
             events = self._chat_events(chat, incoming, admission.caller)
             if request.stream:
                 replay = await prefetched(events)
-                chunks = self.choice_chunks(chat, replay)
+                chunks = await self.choice_chunks(chat, replay)
                 return owning_stream(stream_events(request, chunks, self.chat.model_name),
                                      [replay, events], admission.hand_over())
             return JsonReply(ResponseBuilder(request, self.chat.model_name).final(
@@ -337,7 +339,7 @@ class RequestFlow:
             events = self._chat_events(chat, incoming, admission.caller)
             if request.stream:
                 replay = await prefetched(events)
-                chunks = self.choice_chunks(chat, replay)
+                chunks = await self.choice_chunks(chat, replay)
                 return owning_stream(message_events(chunks, self.chat.model_name),
                                      [replay, events], admission.hand_over())
             return JsonReply(to_message(await final(events), self.chat.model_name))
