@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
 
 from ray import serve
 
@@ -108,34 +108,20 @@ class MainModel:
         raised, so that it crosses Ray intact."""
         tenant = str(payload.pop(TENANT_KEY, ANONYMOUS_TENANT))
         request = ChatCompletionRequest.model_validate(payload)
-        try:
-            return await self.service.count_prompt_tokens(request, tenant)
-        except TurnError as err:
-            return err
-        except Exception as exc:  # the tokenizer or the chat template refusing the request
-            refused = engine_rejection(exc)
-            if refused is None:
-                raise
-            return refused
+        return await _refusal_returned(self.service.count_prompt_tokens(request, tenant))
 
     async def tokens(self, order: dict[str, Any]) -> dict[str, Any] | TurnError:
         """`POST /tokenize` / `/detokenize` (app/api/tokenize.py) on this replica's tokenizer,
         off its event loop; a `TurnError` is returned, not raised, to cross Ray intact."""
-        try:
-            if order["op"] == "detokenize":
-                return await asyncio.to_thread(self.service.detokenize, list(order["tokens"]))
-            chat = dict(order["chat"])
-            chat.pop(TENANT_KEY, None)
-            request = ChatCompletionRequest.model_validate(chat)
-            return await asyncio.to_thread(self.service.tokenize, request, order["prompt"],
-                                           bool(order["special"]), bool(order["strs"]))
-        except TurnError as err:
-            return err
-        except Exception as exc:  # the tokenizer or the chat template refusing the request
-            refused = engine_rejection(exc)
-            if refused is None:
-                raise
-            return refused
+        if order["op"] == "detokenize":
+            return await _refusal_returned(
+                asyncio.to_thread(self.service.detokenize, list(order["tokens"])))
+        chat = dict(order["chat"])
+        chat.pop(TENANT_KEY, None)
+        request = ChatCompletionRequest.model_validate(chat)
+        return await _refusal_returned(asyncio.to_thread(
+            self.service.tokenize, request, order["prompt"], bool(order["special"]),
+            bool(order["strs"])))
 
     def engine_counters(self) -> dict[str, int]:
         return self.service.engine.counters()
@@ -143,6 +129,24 @@ class MainModel:
     def check_health(self) -> None:
         if not self.service.engine.healthy:
             raise RuntimeError("main engine step loop is not running")
+
+
+_T = TypeVar("_T")
+
+
+async def _refusal_returned(work: Awaitable[_T]) -> _T | TurnError:
+    """`work`'s result, or the `TurnError` it raised or the engine's refusal of it (the
+    tokenizer or the chat template refusing the request), returned, not raised, so that it
+    crosses Ray intact."""
+    try:
+        return await work
+    except TurnError as err:
+        return err
+    except Exception as exc:
+        refused = engine_rejection(exc)
+        if refused is None:
+            raise
+        return refused
 
 
 async def _prediction(ref: Any) -> Prediction:

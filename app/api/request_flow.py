@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from app import telemetry
 from app.api.auth import ApiKeys, Caller, ConcurrencyLimiter, Slot
@@ -40,6 +40,9 @@ from app.formats.structural_tag import engine_tag_model
 from app.openai_models import ChatCompletionRequest
 from app.speculation.turn import TurnError, TurnEvent
 from app.tenancy import TENANT_KEY
+
+# The routes whose requests run as chat requests (`RequestFlow._as_chat`).
+RouteRequest = TypeVar("RouteRequest", ResponsesRequest, MessagesRequest)
 
 
 class MainCall(Protocol):
@@ -314,25 +317,32 @@ class RequestFlow:
                              engine.reasoning_parser, engine_tag_model(engine) is not None)
 
     async def responses(self, incoming: Incoming) -> Reply:
-        async with self.admitted(incoming) as admission:
-            request = admission.checked.of(ResponsesRequest)
-            self.check_model(request.model)
-            chat = admission.checked.ask.chat  # the chat request it runs as, checked as chat's
-            self.chat.check_options(chat)
-            events = self._chat_events(chat, incoming, admission.caller)
-            if request.stream:
-                replay = await prefetched(events)
-                chunks = await self.choice_chunks(chat, replay)
-                return owning_stream(stream_events(request, chunks, self.chat.model_name),
-                                     [replay, events], admission.hand_over())
-            return JsonReply(ResponseBuilder(request, self.chat.model_name).final(
-                await final(events)))
+        """`POST /v1/responses`: the chat request it runs as, its result as a `response` or
+        the Responses event stream (app/api/responses.py)."""
+        return await self._as_chat(
+            incoming, ResponsesRequest,
+            lambda request, done: ResponseBuilder(request, self.chat.model_name).final(done),
+            lambda request, chunks: stream_events(request, chunks, self.chat.model_name))
 
     async def messages(self, incoming: Incoming) -> Reply:
         """`POST /v1/messages`: the chat request it runs as, its result as a `message` or the
         Messages event stream (app/api/messages.py)."""
+        return await self._as_chat(
+            incoming, MessagesRequest,
+            lambda _, done: to_message(done, self.chat.model_name),
+            lambda _, chunks: message_events(chunks, self.chat.model_name))
+
+    async def _as_chat(
+        self, incoming: Incoming, kind: type[RouteRequest],
+        answer: Callable[[RouteRequest, dict[str, Any]], dict[str, Any]],
+        stream_of: Callable[[RouteRequest, AsyncIterator[tuple[str, dict[str, Any]]]],
+                            AsyncIterator[str]],
+    ) -> Reply:
+        """A route whose request runs as a chat request (checked as chat's): `answer` makes
+        its reply of the finished completion, `stream_of` its event stream of the chat
+        chunks."""
         async with self.admitted(incoming) as admission:
-            request = admission.checked.of(MessagesRequest)
+            request = admission.checked.of(kind)
             self.check_model(request.model)
             chat = admission.checked.ask.chat  # the chat request it runs as, checked as chat's
             self.chat.check_options(chat)
@@ -340,9 +350,9 @@ class RequestFlow:
             if request.stream:
                 replay = await prefetched(events)
                 chunks = await self.choice_chunks(chat, replay)
-                return owning_stream(message_events(chunks, self.chat.model_name),
-                                     [replay, events], admission.hand_over())
-            return JsonReply(to_message(await final(events), self.chat.model_name))
+                return owning_stream(stream_of(request, chunks), [replay, events],
+                                     admission.hand_over())
+            return JsonReply(answer(request, await final(events)))
 
     async def count_tokens(self, incoming: Incoming) -> Reply:
         """`POST /v1/messages/count_tokens`: the prompt's tokens as the main model renders it
