@@ -12,13 +12,15 @@ command queue. Its arguments come from `engine_args.py` (one pure function per p
 from __future__ import annotations
 
 import asyncio
+import copy
+import functools
 import itertools
 import logging
 import os
 import queue
 import threading
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -272,6 +274,38 @@ class RequestRejected(ValueError):
     cannot compile into a grammar): the request's fault, not the server's."""
 
 
+def _pooled(tokenizer: Any, copies: int) -> Any:
+    from vllm.tokenizers.hf import maybe_make_thread_pool
+
+    return maybe_make_thread_pool(tokenizer, copies)
+
+
+def with_chat_template(tokenizer: Any, template: str) -> Any:
+    """`tokenizer` rendering chats with `template`. vLLM wraps the engine's tokenizer twice (a
+    cache of its properties, then a pool of deep copies that `apply_chat_template` goes
+    through, vllm/tokenizers/hf.py), and a copy is rebuilt from the unwrapped tokenizer, so an
+    attribute set on the wrapper never reaches the copies that render. The template is set on
+    the unwrapped tokenizer (a copy of it) and the wrappers are applied again."""
+    from vllm.tokenizers.hf import get_cached_tokenizer, maybe_make_thread_pool
+
+    wrappers: list[Callable[[Any], Any]] = []
+    inner = tokenizer
+    while "__reduce__" in vars(type(inner)):  # vLLM's wrappers say how they were built
+        rebuild, args = inner.__reduce__()[:2]
+        if rebuild is maybe_make_thread_pool:
+            wrappers.append(functools.partial(_pooled, copies=args[1]))
+        elif rebuild is get_cached_tokenizer:
+            wrappers.append(get_cached_tokenizer)
+        else:
+            break
+        inner = args[0]
+    inner = copy.copy(inner)
+    inner.chat_template = template
+    for wrap in reversed(wrappers):
+        inner = wrap(inner)
+    return inner
+
+
 class VllmEngine:
     """One vLLM engine. `speculation` set = main model with the candidate proposer;
     `vllm_speculative` set instead = vLLM's own speculative method (the n-gram baseline)."""
@@ -380,7 +414,8 @@ class VllmEngine:
         if self.cfg.chat_template is not None:  # prompts and drafted calls go through it
             from app.formats.tool_formats.families import load_chat_template
 
-            self.tokenizer.chat_template = load_chat_template(self.cfg.chat_template)
+            self.tokenizer = with_chat_template(self.tokenizer,
+                                                load_chat_template(self.cfg.chat_template))
         if self.lora is not None:
             from vllm.lora.request import LoRARequest
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from app.config import AppConfig
-from app.engine.vllm_engine import VllmEngine
+from app.engine.vllm_engine import VllmEngine, with_chat_template
 from app.formats.structural_tag import engine_tag_model
 from app.formats.tool_formats import FORMATS, get_format
 from app.main_model.service import MainModelService
@@ -120,15 +120,14 @@ async def test_family_template_forced_calls_are_lossless(engine: VllmEngine, nam
     decoding's (float32)."""
     from app.formats.tool_formats.families import FAMILIES
 
-    own = engine.tokenizer.chat_template
-    engine.tokenizer.chat_template = FAMILIES[name].template_text()
+    own = engine.tokenizer
+    engine.tokenizer = with_chat_template(own, FAMILIES[name].template_text())  # as start()
     try:
         config = AppConfig.model_validate({
             "main": {"engine": {"tool_format": name, "chat_template": name}},
             "speculation": {"history": {"min_similarity": 0.5}}})
         service = MainModelService(config, engine=engine)
-        # What start() binds (the template explicitly: the engine's tokenizer renders with
-        # the model folder's template whatever its `chat_template` attribute says).
+        # What start() binds.
         service.format = get_format(name, engine.tokenizer, FAMILIES[name].template_text())
         fmt = service.format
         from app.formats.tool_formats import ParsedCall
@@ -161,4 +160,4 @@ async def test_family_template_forced_calls_are_lossless(engine: VllmEngine, nam
         print(f"{name}: {plain.text!r}\n  drafted/accepted tokens per source {tallies}")
         assert sum(accepted for _, accepted in tallies.values()) > 0, tallies
     finally:
-        engine.tokenizer.chat_template = own
+        engine.tokenizer = own
