@@ -10,11 +10,12 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from app.config import AppConfig
+from app.config import AppConfig, EngineConfig, SpeculationConfig
 from app.drafting.candidate_proposer import bind_proposer
 from app.drafting.draft_policy import DraftPolicy
 from app.engine.vllm_engine import VllmEngine
@@ -64,6 +65,17 @@ PROMPTS = [
     "Is it raining in Seattle?",
     "I need 75.5 CAD converted to USD please.",
 ]
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[VllmEngine]:
+    eng = VllmEngine(
+        EngineConfig(model="embedded", dtype="float32", max_model_len=2048, kv_cache_gib=0.5),
+        SpeculationConfig(num_speculative_tokens=16, prompt_lookup_fallback=True),
+    )
+    eng.start()
+    yield eng
+    eng.stop()
 
 
 def _prompt(engine: VllmEngine, text: str) -> list[int]:

@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from app.config import AppConfig
+from app.config import AppConfig, EngineConfig, SpeculationConfig
 from app.engine.vllm_engine import VllmEngine, with_chat_template
 from app.formats.structural_tag import engine_tag_model
 from app.formats.tool_formats import FORMATS, get_format
@@ -33,6 +34,16 @@ SAMPLINGS = [{"temperature": 0.0}, {"temperature": 1.0, "seed": 7}]
 # Pythonic opens with a tool's name: after a bare `[` the model writes lists, not calls.
 PREFILL = {"hermes": "<tool_call>\n", "llama3_json": '{"name": "', "mistral": "[TOOL_CALLS][",
            "pythonic": "[get_weather("}
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[VllmEngine]:
+    eng = VllmEngine(EngineConfig(model="embedded", dtype="float32", max_model_len=2048,
+                                  kv_cache_gib=0.5),
+                     SpeculationConfig(num_speculative_tokens=16, prompt_lookup_fallback=True))
+    eng.start()
+    yield eng
+    eng.stop()
 
 
 async def test_own_parsers_agree_with_vllm_on_model_outputs(engine: VllmEngine) -> None:
