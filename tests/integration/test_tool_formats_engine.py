@@ -23,7 +23,7 @@ from app.formats.tool_formats import FORMATS, get_format
 from app.main_model.service import MainModelService
 from app.openai_models import ChatCompletionRequest
 from app.speculation.prediction import PredictedCall, Prediction
-from tests.integration.test_lossless import PROMPTS, TOOLS
+from tests.integration.test_lossless import FIXED_WORTH, PROMPTS, TOOLS
 from tests.unit.test_tool_formats import own_calls, vllm_calls
 
 pytestmark = pytest.mark.integration
@@ -84,7 +84,8 @@ async def test_forced_calls_through_the_structural_tag_are_lossless(
     writes the call in its own format, the format's parser reads it, and with speculation on
     (schema drafts, the sidecar's prediction, history) the tokens are plain decoding's."""
     config = AppConfig.model_validate({"main": {"engine": {"tool_format": name}},
-                                       "speculation": {"history": {"min_similarity": 0.5}}})
+                                       "speculation": {"history": {"min_similarity": 0.5},
+                                                       "draft_worth": FIXED_WORTH}})
     service = MainModelService(config, engine=engine)
     assert engine_tag_model(config.main.engine) is not None
     fmt = get_format(name)
@@ -136,7 +137,8 @@ async def test_family_template_forced_calls_are_lossless(engine: VllmEngine, nam
     try:
         config = AppConfig.model_validate({
             "main": {"engine": {"tool_format": name, "chat_template": name}},
-            "speculation": {"history": {"min_similarity": 0.5}}})
+            "speculation": {"history": {"min_similarity": 0.5},
+                            "draft_worth": FIXED_WORTH}})
         service = MainModelService(config, engine=engine)
         # What start() binds.
         service.format = get_format(name, engine.tokenizer, FAMILIES[name].template_text())
