@@ -9,14 +9,14 @@ here each tenant has its own index, so one tenant's outputs are never drafted fo
 
 `SuffixIndex` is a depth-limited suffix trie of a tenant's outputs stored flat: every n-gram of
 up to `max_depth` tokens maps to the token that most often followed it (a majority vote,
-Boyer-Moore: exact whenever one token followed more than half of the n-gram's occurrences, the
-latest one when none did) and the output it last came from with that token after it (so that
-evicting the output drops the key). The longest match of the output's tail grows one token at a
-time and stops at the first miss (if an n-gram occurs, so does its (n-1)-token suffix), so a
-lookup is at most `max_depth` dict probes; the draft then walks the trie one token at a time,
-each step taking the voted child of the context so far (as vLLM's suffix decoding takes the most
-frequent child, not the most recent occurrence), one probe a token. Adding an output of L tokens
-is L * `max_depth` inserts.
+Boyer-Moore: exact whenever one token followed more than half of the n-gram's occurrences,
+the latest one when none did) and where it last ended with that token after it (an output and
+a position). The longest match of the output's tail grows one token at a time and stops at the
+first miss (if an n-gram occurs, so does its (n-1)-token suffix), so a lookup is at most
+`max_depth` dict probes; the draft then walks the trie one token at a time, each step taking
+the voted child of the context so far (as vLLM's suffix decoding takes the most frequent
+child, not the most recent occurrence), one probe a token. Adding an output of L tokens is
+L * `max_depth` inserts.
 Keys are the n-grams' hashes: a collision drafts wrong tokens, which the main model rejects;
 it never changes an output, and never crosses tenants (each tenant has its own dict).
 Memory is bounded by `max_tokens` per tenant, over its own index and its scopes' together
@@ -60,33 +60,34 @@ class SuffixMatch:
 @dataclass(frozen=True, slots=True)
 class _Votes:
     """An n-gram's continuation: the token voted to follow it (None: only ever seen at an
-    output's end), its votes, and the output it last came from with that token after it."""
+    output's end), its votes, and where it last ended with that token after it."""
 
     token: int | None
     votes: int
     output_id: int
+    end: int
 
 
-def _vote(current: _Votes | None, output_id: int, follows: int | None) -> _Votes:
-    """One more occurrence of an n-gram (in `output_id`, `follows` after it): the Boyer-Moore
-    majority vote over the tokens that followed it.
+def _vote(current: _Votes | None, output_id: int, end: int, follows: int | None) -> _Votes:
+    """One more occurrence of an n-gram (ending at `end` of `output_id`, `follows` after it):
+    the Boyer-Moore majority vote over the tokens that followed it.
 
-    >>> seen = _vote(None, 1, 7)
-    >>> seen = _vote(_vote(seen, 2, 7), 3, 9)  # 7, 7, then 9: 7 keeps one vote
+    >>> seen = _vote(None, 1, 3, 7)
+    >>> seen = _vote(_vote(seen, 2, 3, 7), 3, 3, 9)  # 7, 7, then 9: 7 keeps one vote
     >>> seen.token, seen.votes, seen.output_id
     (7, 1, 2)
-    >>> _vote(seen, 4, 9).token  # 9 ties it: the latest wins
+    >>> _vote(seen, 4, 3, 9).token  # 9 ties it: the latest wins
     9
     """
     if follows is None:  # an output's last tokens: nothing to vote for
-        return current if current is not None else _Votes(None, 0, output_id)
+        return current if current is not None else _Votes(None, 0, output_id, end)
     if current is None or current.token is None or current.votes == 0:
-        return _Votes(follows, 1, output_id)
+        return _Votes(follows, 1, output_id, end)
     if current.token == follows:
-        return _Votes(follows, current.votes + 1, output_id)
+        return _Votes(follows, current.votes + 1, output_id, end)
     if current.votes == 1:
-        return _Votes(follows, 1, output_id)
-    return _Votes(current.token, current.votes - 1, current.output_id)
+        return _Votes(follows, 1, output_id, end)
+    return _Votes(current.token, current.votes - 1, current.output_id, current.end)
 
 
 class SuffixIndex:
@@ -118,7 +119,7 @@ class SuffixIndex:
                 follows = output[end] if end < len(output) else None
                 for n in range(1, min(self.max_depth, end) + 1):
                     key = hash(tuple(output[end - n:end]))
-                    self._ends[key] = _vote(self._ends.get(key), output_id, follows)
+                    self._ends[key] = _vote(self._ends.get(key), output_id, end, follows)
             while self._tokens > self.max_tokens:
                 self._evict_oldest()
 
