@@ -332,7 +332,7 @@ class HistoryConfig(_Strict):
 class SuffixConfig(_Strict):
     """The `suffix` draft source: each tenant's own earlier outputs and the request's own
     tokens, matched on their longest common suffix with the output (app/drafting/suffix_index.py).
-    Memory: about 130 bytes per token per `max_depth`, per tenant."""
+    Memory: about 100 bytes per token per `max_depth`, per tenant."""
 
     enabled: bool = Field(
         True, description="Draft from the tenant's earlier outputs and the request's own "

@@ -8,15 +8,10 @@ here each tenant has its own index, so one tenant's outputs are never drafted fo
 (nor do its acceptance counts or timings say anything about another's).
 
 `SuffixIndex` is a depth-limited suffix trie of a tenant's outputs stored flat: every n-gram of
-up to `max_depth` tokens maps to the token that most often followed it (a majority vote,
-Boyer-Moore: exact whenever one token followed more than half of the n-gram's occurrences,
-the latest one when none did) and where it last ended with that token after it (an output and
-a position). The longest match of the output's tail grows one token at a time and stops at the
-first miss (if an n-gram occurs, so does its (n-1)-token suffix), so a lookup is at most
-`max_depth` dict probes; the draft then walks the trie one token at a time, each step taking
-the voted child of the context so far (as vLLM's suffix decoding takes the most frequent
-child, not the most recent occurrence), one probe a token. Adding an output of L tokens is
-L * `max_depth` inserts.
+up to `max_depth` tokens maps to where it last ended (an output and a position). The longest
+match of the output's tail grows one token at a time and stops at the first miss (if an
+n-gram occurs, so does its (n-1)-token suffix, ending at the same place), so a lookup is at
+most `max_depth` dict probes, and adding an output of L tokens is L * `max_depth` inserts.
 Keys are the n-grams' hashes: a collision drafts wrong tokens, which the main model rejects;
 it never changes an output, and never crosses tenants (each tenant has its own dict).
 Memory is bounded by `max_tokens` per tenant, over its own index and its scopes' together
@@ -57,39 +52,6 @@ class SuffixMatch:
     tokens: list[int]
 
 
-@dataclass(frozen=True, slots=True)
-class _Votes:
-    """An n-gram's continuation: the token voted to follow it (None: only ever seen at an
-    output's end), its votes, and where it last ended with that token after it."""
-
-    token: int | None
-    votes: int
-    output_id: int
-    end: int
-
-
-def _vote(current: _Votes | None, output_id: int, end: int, follows: int | None) -> _Votes:
-    """One more occurrence of an n-gram (ending at `end` of `output_id`, `follows` after it):
-    the Boyer-Moore majority vote over the tokens that followed it.
-
-    >>> seen = _vote(None, 1, 3, 7)
-    >>> seen = _vote(_vote(seen, 2, 3, 7), 3, 3, 9)  # 7, 7, then 9: 7 keeps one vote
-    >>> seen.token, seen.votes, seen.output_id
-    (7, 1, 2)
-    >>> _vote(seen, 4, 3, 9).token  # 9 ties it: the latest wins
-    9
-    """
-    if follows is None:  # an output's last tokens: nothing to vote for
-        return current if current is not None else _Votes(None, 0, output_id, end)
-    if current is None or current.token is None or current.votes == 0:
-        return _Votes(follows, 1, output_id, end)
-    if current.token == follows:
-        return _Votes(follows, current.votes + 1, output_id, end)
-    if current.votes == 1:
-        return _Votes(follows, 1, output_id, end)
-    return _Votes(current.token, current.votes - 1, current.output_id, current.end)
-
-
 class SuffixIndex:
     """One tenant's earlier outputs, bounded to `max_tokens` tokens. `min_match`: the
     shortest context a draft may continue (the proposer reads it)."""
@@ -102,8 +64,8 @@ class SuffixIndex:
         self._outputs: dict[int, list[int]] = {}
         self._order: deque[int] = deque()
         self._tokens = 0
-        # hash(n-gram) -> its voted continuation (`_Votes`)
-        self._ends: dict[int, _Votes] = {}
+        # hash(n-gram) -> (output id, index just after the n-gram's last token)
+        self._ends: dict[int, tuple[int, int]] = {}
 
     def add(self, tokens: Sequence[int]) -> None:
         """Remember one output (the oldest ones go once `max_tokens` is exceeded)."""
@@ -116,10 +78,8 @@ class SuffixIndex:
             self._order.append(output_id)
             self._tokens += len(output)
             for end in range(1, len(output) + 1):
-                follows = output[end] if end < len(output) else None
                 for n in range(1, min(self.max_depth, end) + 1):
-                    key = hash(tuple(output[end - n:end]))
-                    self._ends[key] = _vote(self._ends.get(key), output_id, end, follows)
+                    self._ends[hash(tuple(output[end - n:end]))] = (output_id, end)
             while self._tokens > self.max_tokens:
                 self._evict_oldest()
 
@@ -144,7 +104,7 @@ class SuffixIndex:
             for n in range(1, min(self.max_depth, end) + 1):
                 key = hash(tuple(old[end - n:end]))
                 found = self._ends.get(key)
-                if found is not None and found.output_id == old_id:
+                if found is not None and found[0] == old_id:
                     del self._ends[key]
 
     def match(self, context: Sequence[int] | np.ndarray, k: int) -> SuffixMatch | None:
@@ -153,26 +113,20 @@ class SuffixIndex:
         if k <= 0:
             return None
         tail = [int(t) for t in context[-self.max_depth:]]
-        length = 0
+        best: tuple[int, int, int] | None = None  # (length, output id, end)
         with self._lock:
             for n in range(1, len(tail) + 1):
                 found = self._ends.get(hash(tuple(tail[len(tail) - n:])))
                 if found is None:
                     break
-                if n >= self.min_match and found.token is not None:  # something follows it
-                    length = n
-            if length == 0:
+                if n >= self.min_match:
+                    output = self._outputs[found[0]]
+                    if found[1] < len(output):  # something follows it
+                        best = (n, found[0], found[1])
+            if best is None:
                 return None
-            # Walk down from the match, each step the context's voted child.
-            path = tail[len(tail) - length:]
-            tokens: list[int] = []
-            while len(tokens) < k:
-                found = self._ends.get(hash(tuple(path[-self.max_depth:])))
-                if found is None or found.token is None:
-                    break
-                tokens.append(found.token)
-                path.append(found.token)
-            return SuffixMatch(length, tokens)
+            length, output_id, end = best
+            return SuffixMatch(length, self._outputs[output_id][end:end + k])
 
     @property
     def tokens(self) -> int:

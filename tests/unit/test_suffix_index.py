@@ -19,28 +19,6 @@ def test_the_longest_earlier_match_is_continued() -> None:
     assert index.match([1, 2, 3], k=0) is None
 
 
-def test_the_most_frequent_continuation_is_drafted_not_the_latest() -> None:
-    """Issue 43: as vLLM's suffix decoding, the draft follows the child that most often
-    came after the context, at every step of the walk."""
-    index = SuffixIndex(max_depth=8, max_tokens=1000)
-    for _ in range(3):
-        index.add([1, 2, 3, 4, 5])
-    index.add([1, 2, 3, 9, 9])  # the latest occurrence, but the rarer continuation
-    found = index.match([0, 2, 3], k=3)
-    assert found is not None and (found.length, found.tokens) == (2, [4, 5])
-    # Each step takes the vote of the path so far ("2 3 4": 5), whatever a shorter context
-    # ("3 4", last followed by 6) was followed by last.
-    index.add([7, 3, 4, 6])
-    found = index.match([8, 2, 3], k=2)
-    assert found is not None and found.tokens == [4, 5]
-    # Without a majority, the latest occurrence wins (the old behaviour).
-    index = SuffixIndex(max_depth=8, max_tokens=1000)
-    index.add([1, 2, 3, 4])
-    index.add([1, 2, 3, 7])
-    found = index.match([2, 3], k=1)
-    assert found is not None and found.tokens == [7]
-
-
 def test_min_match_and_the_end_of_an_output() -> None:
     index = SuffixIndex(max_depth=8, max_tokens=1000, min_match=3)
     index.add([1, 2, 3, 4])
@@ -60,7 +38,7 @@ def test_memory_is_bounded_and_the_oldest_outputs_go_first() -> None:
     found = index.match([11, 12], k=2)
     assert found is not None and found.tokens == [13, 14]
     # Every key left points at an output still kept.
-    assert all(votes.output_id in index._outputs for votes in index._ends.values())
+    assert all(output_id in index._outputs for output_id, _ in index._ends.values())
 
 
 def test_tenants_never_see_each_others_outputs() -> None:
