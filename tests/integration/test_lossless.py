@@ -535,7 +535,8 @@ async def test_suffix_source_is_lossless(engine: VllmEngine) -> None:
     config = _config({"history": {"enabled": False}})
     service = MainModelService(config, engine=engine)
     assert service.suffixes is not None
-    first_round: dict[str, int] = {}
+    accepted: dict[int, dict[str, int]] = {1: {}, 2: {}}  # round -> prompt -> all sources
+    from_suffix = {1: 0, 2: 0}
     plain: dict[str, list[int]] = {}  # greedy: the same every time it is decoded
     for round_ in (1, 2):
         for text in PROMPTS:
@@ -543,11 +544,14 @@ async def test_suffix_source_is_lossless(engine: VllmEngine) -> None:
                 plain[text] = (await _suffix_call(service, text, enabled=False)).token_ids
             final = await _suffix_call(service, text, enabled=True)
             assert final.token_ids == plain[text], f"{text!r}: differs from plain decoding"
-            suffix = final.main.sources.suffix
-            if round_ == 1:
-                first_round[text] = suffix.accepted_tokens
-            else:  # the tenant's own earlier output of the same question drafts it
-                assert suffix.accepted_tokens > first_round[text], (text, suffix)
+            accepted[round_][text] = final.main.accepted_tokens
+            from_suffix[round_] += final.main.sources.suffix.accepted_tokens
+    # The tenant's own earlier output of the same question drafts it: each call accepts more
+    # than the first time, and the suffix source's share grows. (Per call the suffix tally
+    # alone may not: schema drafts win some steps it would have won.)
+    for text in PROMPTS:
+        assert accepted[2][text] > accepted[1][text], (text, accepted)
+    assert from_suffix[2] > from_suffix[1] * 1.2, from_suffix
     assert service.suffixes.of("tenant-a").tokens > 0
     assert service.suffixes.of("anonymous").tokens == 0
 
