@@ -30,6 +30,7 @@ from app.speculation.turn import TurnResult
 @cache
 def _tokenizer() -> Any:
     from transformers import AutoTokenizer
+    from vllm.tokenizers.hf import get_cached_tokenizer
 
     from app.engine.embedded_model import is_prepared, resolve_model_path
 
@@ -39,7 +40,7 @@ def _tokenizer() -> Any:
     # Qwen3 and DeepSeek-R1 tokenizers have these as tokens; vLLM's parsers look them up.
     tok.add_special_tokens({"additional_special_tokens": [
         "<think>", "</think>", "<tool_call>", "</tool_call>"]})
-    return tok
+    return get_cached_tokenizer(tok)  # as vLLM's server hands it over: the vocabulary read once
 
 
 def vllm_split(name: str, text: str, kwargs: dict[str, Any]) -> tuple[str | None, str | None]:
