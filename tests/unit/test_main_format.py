@@ -47,3 +47,13 @@ def test_the_routers_warm_up_loads_it_before_any_request() -> None:
     assert mf._loaded.cache_info().misses == 1
     assert mf.main_format(engine).name == "qwen3_coder"
     assert mf._loaded.cache_info().misses == 1
+
+
+def test_parsers_get_the_tokenizer_as_vllm_serve_hands_it_over() -> None:
+    """A parser is made per request and reads the vocabulary as it is made: the router's
+    tokenizer keeps it (vLLM's cached wrapper) rather than rebuilding it each time."""
+    engine = EngineConfig(model="embedded", tool_format="qwen3_coder")
+    fmt = mf.main_format(engine)
+    tokenizer = fmt.tokenizer  # type: ignore[attr-defined]
+    assert tokenizer.get_vocab() is tokenizer.get_vocab()
+    assert tokenizer.chat_template  # the template survives the wrapping
