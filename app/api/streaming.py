@@ -72,8 +72,10 @@ def output_stream(
     mode = request.effective_tool_choice
     # As the main model decides (MainModelService.prepare): forced and structured outputs are
     # JSON from the first token, no room to think.
-    reasoning = Reasoning.for_request(reasoning_parser, request.chat_template_kwargs) if (
-        mode in ("auto", "none") and request.output_schema is None) else None
+    reasoning = Reasoning.for_request(
+        reasoning_parser, request.chat_template_kwargs,
+        getattr(tool_format, "tokenizer", None),  # vLLM-read formats carry the model's
+    ) if mode in ("auto", "none") and request.output_schema is None else None
     if forced_in_format and mode in ("required", "named"):
         mode = "auto"  # the format's calls from the first token, as a free call is read
     return OutputStream(mode, tool_format, reasoning, request.tool_dicts() or None)

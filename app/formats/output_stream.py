@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.formats.reasoning import THINK_END, THINK_START, Reasoning
+from app.formats.reasoning import Reasoning
 from app.formats.tool_formats import ToolFormat
 from app.formats.tool_formats.incremental import CallDelta, CallList, CallStream
 from app.formats.tool_formats.vllm_parsing import VllmParsing, VllmStream
@@ -92,7 +92,7 @@ class OutputStream:
         assert self.reasoning is not None
         end = self.reasoning.ended_at(self.text)
         if end is None:
-            markers = [THINK_START, THINK_END]
+            markers = [self.reasoning.start, self.reasoning.end]
             if self.reasoning.parser == "qwen3":
                 markers.append(_QWEN3_TOOL_START)
             held = max(_held(self.text, m) for m in markers)
@@ -135,8 +135,7 @@ def vllm_stream(
         raise RuntimeError(f"tool format {tool_format.name!r} needs the main model's tokenizer")
     both = VllmParsing(tool_format.name, reasoning.parser if reasoning is not None else None,
                        parsing.tokenizer)
-    kwargs = {"enable_thinking": reasoning.thinking} if reasoning is not None else None
-    return both.stream(tools, kwargs)
+    return both.stream(tools, reasoning.vllm_kwargs if reasoning is not None else None)
 
 
 def _held(text: str, marker: str) -> int:

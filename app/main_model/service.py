@@ -386,7 +386,8 @@ class MainModelService:
         # Forced outputs (calls, response_format) leave no room to think, nor does
         # /v1/completions (no chat turn).
         reasoning = Reasoning.for_request(
-            self.config.main.engine.reasoning_parser, request.chat_template_kwargs
+            self.config.main.engine.reasoning_parser, request.chat_template_kwargs,
+            self.engine.tokenizer,
         ) if mode in ("auto", "none") and raw_prompt is None and request.output_schema is None \
             else None
         in_format = (self.tag_model is not None and reasoning is None
@@ -787,9 +788,9 @@ class MainModelService:
         reasoning = prepared.reasoning
         parsing = VllmParsing(self.format.name, reasoning.parser if reasoning else None,
                               self.engine.tokenizer)
-        kwargs = {"enable_thinking": reasoning.thinking} if reasoning is not None else None
         found, parsed = parsing.parse(
-            text, prepared.tools if prepared.mode == "auto" else None, kwargs, token_ids)
+            text, prepared.tools if prepared.mode == "auto" else None,
+            reasoning.vllm_kwargs if reasoning is not None else None, token_ids)
         return found, parsed
 
     def parse(self, prepared: PreparedRequest, text: str) -> ParsedOutput:

@@ -528,6 +528,43 @@ async def test_auto_mode_is_token_identical(engine: VllmEngine) -> None:
     assert accepted_in_calls > drafted_in_calls // 4 > 0, (drafted_in_calls, accepted_in_calls)
 
 
+async def test_a_thinking_parser_switched_off_drafts_from_the_first_token(
+    engine: VllmEngine
+) -> None:
+    """kimi_k2's reasoning parser, which reads `enable_thinking` as vLLM's does: switched off,
+    the sidecar's call is drafted from the first token; switched on, drafts wait for the
+    thoughts to close (the embedded model never closes them). Token-identical either way."""
+    config = AppConfig.model_validate({
+        "main": {"engine": {"reasoning_parser": "kimi_k2"}},
+        "speculation": {"history": {"enabled": False}, "draft_worth": FIXED_WORTH}})
+    service = MainModelService(config, engine=engine)
+
+    def request(text: str, thinking: bool, enabled: bool) -> ChatCompletionRequest:
+        return ChatCompletionRequest.model_validate({
+            "messages": [{"role": "user", "content": text}], "tools": TOOLS,
+            "tool_choice": "auto", "temperature": 0.0, "max_tokens": 64,
+            "chat_template_kwargs": {"enable_thinking": thinking},
+            "ooo_spec": {"enabled": enabled, "suffix": False},
+        })
+
+    from_sidecar = {False: 0, True: 0}
+    for text in CALL_REQUESTS[:3]:
+        plain = await service.complete(service.prepare(request(text, False, False)))
+        assert plain.calls, plain.text  # thinking off: the output is content and a call
+        prediction = Prediction(source="sidecar", candidates=[[
+            PredictedCall(name=c.name, arguments=c.arguments) for c in plain.calls]])
+
+        async def ready(prediction: Prediction = prediction) -> Prediction:
+            return prediction
+
+        for thinking in (False, True):
+            spec = await service.complete(service.prepare(request(text, thinking, True)),
+                                          ready())
+            assert spec.token_ids == plain.token_ids, (text, thinking)
+            from_sidecar[thinking] += spec.main.sources.sidecar.accepted_tokens
+    assert from_sidecar[False] > 0 and from_sidecar[True] == 0, from_sidecar
+
+
 async def test_suffix_source_is_lossless(engine: VllmEngine) -> None:
     """Drafts from the tenant's earlier outputs (the same question again: right; the others:
     other tools and arguments) and from the request's own tokens, chosen step by step against

@@ -28,7 +28,7 @@ from app.formats.reasoning import Reasoning
 from app.formats.tool_format import placeholder_call
 from app.formats.tool_formats import ParsedCall, VllmFormat, get_format
 from app.formats.tool_formats.families import FAMILIES
-from app.formats.tool_formats.vllm_parsing import parser_class, vllm_request
+from app.formats.tool_formats.vllm_parsing import VllmParsing, parser_class, vllm_request
 
 GOLDEN: dict[str, list[ParsedCall]] = {
     "nested": [ParsedCall("search", {"filter": {"range": {"min": 1, "max": 2.5},
@@ -269,3 +269,53 @@ def test_a_template_in_another_dialect_is_told_apart() -> None:
     assert qwen.writes_call(qwen.render(calls) + "<|im_end|>\n", tools)
     assert not qwen.writes_call(glm.render(calls), tools)
     assert not glm.writes_call(family_format("kimi_k2").render(calls), tools)
+
+
+def test_deepseek_v31_without_thinking_is_read_as_vllm_serve_reads_it() -> None:
+    """DeepSeek-V3.1's reasoning parser (deepseek_v3) thinks only when the request switches it
+    on: a plain request's call is content and a call, as `vllm serve` returns it (a switch
+    rebuilt as `enable_thinking: true` made all of it reasoning, and the call was lost), and
+    its drafts start at the first token."""
+    name = "deepseek_v31"
+    fmt = family_format(name)
+    calls = GOLDEN["several"]
+    tools = tools_for(calls)
+    text = fmt.render(calls)
+    reasoning = Reasoning.for_request("deepseek_v3", None, fmt.tokenizer)
+    assert reasoning is not None and not reasoning.thinking
+    assert reasoning.ended_at(text[:3]) == 0
+    thoughts, parsed = VllmParsing(name, "deepseek_v3", fmt.tokenizer).parse(
+        text, tools, reasoning.vllm_kwargs)
+    assert thoughts is None and same_calls(parsed.calls, calls)
+    stream = OutputStream("auto", fmt, reasoning, tools)
+    streamed = [c for piece, ids in token_pieces(name, text)
+                for c in stream.feed(piece, ids).calls]
+    assert sorted({c.name for c in streamed if c.name}) == sorted({c.name for c in calls})
+
+
+def test_the_thinking_switch_is_the_one_vllms_parser_reads() -> None:
+    """Who thinks, and between which markers, is what vLLM's parser of the name says for the
+    request's own `chat_template_kwargs`; gpt-oss's reasoning boundary is passed from the
+    first token (its channels are harmony's to read), so a call is drafted where it starts."""
+    from app.drafting.auto_drafts import phase
+
+    tok = base_tokenizer()
+    kimi = Reasoning.for_request("kimi_k2", None, tok)
+    assert kimi is not None and kimi.thinking and kimi.ended_at("hmm</think>Hi") == 11
+    quiet = Reasoning.for_request("kimi_k2", {"enable_thinking": False}, tok)
+    assert quiet is not None and not quiet.thinking and quiet.ended_at("") == 0
+    assert quiet.vllm_kwargs == {"enable_thinking": False}  # passed on as sent
+    gemma = Reasoning.for_request("gemma4", {"enable_thinking": True}, tok)
+    assert gemma is not None and gemma.thinking and (gemma.start, gemma.end) != (
+        "<think>", "</think>")  # gemma4's own channel markers, read from vLLM
+    assert gemma.ended_at(f"{gemma.start}thought{gemma.end}Hi") == len(
+        f"{gemma.start}thought{gemma.end}")
+    harmony = family_format("openai")
+    call = harmony.render(GOLDEN["several"][:1])
+    gptoss = Reasoning.for_request("openai_gptoss", None, harmony.tokenizer)
+    assert gptoss is not None and not gptoss.thinking
+    text = "<|channel|>analysis<|message|>Look it up.<|end|><|start|>assistant" + call
+    assert phase(text, harmony, gptoss, [call]).kind == "call"
+    # Without the model's tokenizer (a hand-written format on the router): as before.
+    assert Reasoning.for_request("kimi_k2", {"enable_thinking": False}, None) == Reasoning(
+        "kimi_k2", template_kwargs={"enable_thinking": False})
