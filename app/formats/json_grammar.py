@@ -62,12 +62,15 @@ def _grammar(schema_json: str, max_indent: int) -> str:
     return bound_whitespace(ebnf, max_indent)
 
 
-def bound_whitespace(ebnf: str, max_indent: int) -> str:
+def bound_whitespace(ebnf: str, max_indent: int, one_line: bool = False) -> str:
     """`ebnf` (as xgrammar prints a grammar) with every "any whitespace" run bounded as the
     module docstring says; also for the grammar of a structural tag
-    (app/formats/structural_tag.py), whose JSON arguments xgrammar writes the same way."""
+    (app/formats/structural_tag.py), whose JSON arguments xgrammar writes the same way.
+    `one_line`: no newlines at all, only the one space or tab."""
     if _WS_RULE in set(_RULE_NAME.findall(ebnf)):
         raise GrammarError(f"the generated grammar already defines '{_WS_RULE}'")
     body = ebnf.replace(_ANY_WS, _WS_RULE)
     rule = f'{_WS_RULE} ::= ([ \\t]{{0,1}} ("" | "\\n" "\\n"{{0,1}} [ \\t]{{0,{max_indent}}}))'
+    if one_line:
+        rule = f'{_WS_RULE} ::= [ \\t]{{0,1}}'
     return f"{body.rstrip()}\n{rule}\n"

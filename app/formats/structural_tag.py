@@ -149,10 +149,17 @@ def _call_tag(
     return str(tag.model_dump_json())
 
 
+# Structural-tag models whose vLLM parsers read a call's arguments with a `.*` that stops at
+# a newline (deepseek_v3's and deepseek_v31's regexes have no DOTALL): a call whose JSON spans
+# lines is no call at all there, its text lost too (tests/unit/test_structural_tag.py shows
+# it). Their models write arguments on one line; forced calls keep them there.
+ONE_LINE_ARGUMENTS = frozenset({"deepseek_r1", "deepseek_v3_1"})
+
+
 @lru_cache(maxsize=256)
-def tag_grammar(tag_json: str, max_indent: int) -> str:
+def tag_grammar(tag_json: str, max_indent: int, one_line: bool = False) -> str:
     """The EBNF xgrammar builds from a structural tag, its whitespace bounded as the JSON
-    grammars' (app/formats/json_grammar.py)."""
+    grammars' (app/formats/json_grammar.py); `one_line`: arguments without newlines."""
     import xgrammar as xgr
 
     try:
@@ -160,7 +167,7 @@ def tag_grammar(tag_json: str, max_indent: int) -> str:
     except Exception as exc:  # noqa: BLE001 - xgrammar raises RuntimeError/ValueError
         raise GrammarError(f"the structural tag cannot be compiled into a grammar: {exc}") \
             from None
-    return bound_whitespace(ebnf, max_indent)
+    return bound_whitespace(ebnf, max_indent, one_line)
 
 
 def engine_tag_model(engine: EngineConfig) -> str | None:

@@ -32,7 +32,13 @@ from app.formats.grammar_check import GrammarCheck, GrammarTooSlow, engine_gramm
 from app.formats.json_grammar import GrammarError, bounded_whitespace_grammar
 from app.formats.logprobs import TokenLogprobs, chat_logprobs, completion_logprobs
 from app.formats.reasoning import Reasoning
-from app.formats.structural_tag import call_tag, engine_tag_model, tag_grammar, wants_tag
+from app.formats.structural_tag import (
+    ONE_LINE_ARGUMENTS,
+    call_tag,
+    engine_tag_model,
+    tag_grammar,
+    wants_tag,
+)
 from app.formats.tool_format import (
     ParsedCall,
     ParsedOutput,
@@ -46,7 +52,7 @@ from app.formats.tool_format import (
 )
 from app.formats.tool_formats import get_format
 from app.formats.tool_formats.families import load_chat_template
-from app.formats.tool_formats.vllm_parsing import VllmParsing
+from app.formats.tool_formats.vllm_parsing import VllmParsing, keeps_special_tokens
 from app.openai_models import CandidateReport, ChatCompletionRequest, MainReport
 from app.speculation.canonical import Invocation
 from app.speculation.draft_sources import DraftSource, SourceTallies
@@ -377,6 +383,8 @@ class MainModelService:
         if request.stop:
             sampling["stop"] = [request.stop] if isinstance(request.stop, str) else request.stop
         sampling.update(request.engine_sampling())
+        if raw_prompt is None and self.keeps_special_tokens(request, mode, bool(tools)):
+            sampling["skip_special_tokens"] = False
         if request.priority:
             if self.config.main.engine.scheduling_policy != "priority":
                 raise TurnError("'priority' needs the main engine's priority scheduling "
@@ -483,9 +491,10 @@ class MainModelService:
                            request.parallel_tool_calls,
                            self.config.main.engine.tool_strict_level)
             max_indent = self.config.main.json_max_indent
-            if max_indent is None:
+            one_line = self.tag_model in ONE_LINE_ARGUMENTS
+            if max_indent is None and not one_line:
                 return {"structured_tag": tag}
-            return {"structured_grammar": tag_grammar(tag, max_indent)}
+            return {"structured_grammar": tag_grammar(tag, max_indent or 0, one_line)}
         except GrammarError as exc:
             raise TurnError(f"the engine rejected the request: {exc}",
                             code="rejected_by_engine") from None
@@ -779,6 +788,20 @@ class MainModelService:
 
     def decode_token(self, token_id: int) -> str:
         return str(self.engine.tokenizer.decode([token_id]))
+
+    def keeps_special_tokens(self, request: ChatCompletionRequest, mode: str,
+                             with_tools: bool) -> bool:
+        """As `vllm serve`: the output keeps its special tokens where vLLM's parsers of the
+        configured names would ask for them (the markers they read are special tokens in
+        Kimi's, DeepSeek's, gpt-oss's tokenizers). Hand-written formats read no such tokens."""
+        tool_parser = self.format.name if self.format.vllm_backed else None
+        reasoning_parser = self.config.main.engine.reasoning_parser
+        if tool_parser is None and reasoning_parser is None:
+            return False
+        return keeps_special_tokens(
+            tool_parser, reasoning_parser, self.engine.tokenizer, with_tools,
+            "auto" if mode in ("auto", "none") else "required",
+            json.dumps(request.chat_template_kwargs or {}, sort_keys=True))
 
     def vllm_parse(
         self, prepared: PreparedRequest, text: str, token_ids: list[int]

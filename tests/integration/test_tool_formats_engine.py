@@ -20,6 +20,7 @@ from app.config import AppConfig, EngineConfig, SpeculationConfig
 from app.engine.vllm_engine import VllmEngine, with_chat_template
 from app.formats.structural_tag import engine_tag_model
 from app.formats.tool_formats import FORMATS, get_format
+from app.formats.tool_formats.families import FAMILIES
 from app.main_model.service import MainModelService
 from app.openai_models import ChatCompletionRequest
 from app.speculation.prediction import PredictedCall, Prediction
@@ -128,10 +129,48 @@ async def test_forced_calls_through_the_structural_tag_are_lossless(
 async def test_family_template_forced_calls_are_lossless(engine: VllmEngine, name: str) -> None:
     """The embedded model under a family's template, its call forced through the family's
     structural tag: the format's text comes out, vLLM's parser of the name reads the call,
-    and with the sidecar's prediction, history and schema drafts the tokens are plain
-    decoding's (float32)."""
-    from app.formats.tool_formats.families import FAMILIES
+    and with the sidecar's prediction and schema drafts the tokens are plain decoding's
+    (float32)."""
+    await _forced_family_calls_are_lossless(engine, name)
 
+
+# A family whose markers are single tokens of its tokenizer, which vLLM's parser looks up:
+# the embedded model with those markers added (tests/marked_model.py). Checked by round trip,
+# parser agreement and streaming only (unit tests): `kimi_k2` (its tag leaves the call's index
+# free, `functions.name:<digits>`, and the 135M model writes digits until max_tokens), and
+# `openai` (harmony) and `mistral` v11+ (vLLM keeps no structural tag for them, so nothing
+# makes the 135M model write their format).
+MARKED = "deepseek_v31"
+
+
+@pytest.fixture(scope="module")
+def marked_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmEngine]:
+    from tests.marked_model import marked_model_dir
+
+    path = marked_model_dir(FAMILIES[MARKED].markers, tmp_path_factory.getbasetemp())
+    eng = VllmEngine(EngineConfig(model=str(path), dtype="float32", max_model_len=2048,
+                                  kv_cache_gib=0.5),
+                     SpeculationConfig(num_speculative_tokens=16, prompt_lookup_fallback=True))
+    eng.start()
+    yield eng
+    eng.stop()
+
+
+async def test_marked_family_forced_calls_are_lossless(marked_engine: VllmEngine) -> None:
+    """As above, for a family whose markers are tokens of their own: the call is written with
+    the marker tokens, vLLM's parser (which refuses a tokenizer without them) reads it with
+    its arguments (on one line: `ONE_LINE_ARGUMENTS`), and speculation changes no token."""
+    marker_ids = {marked_engine.tokenizer.convert_tokens_to_ids(m)
+                  for m in FAMILIES[MARKED].markers}
+    plain = await _forced_family_calls_are_lossless(marked_engine, MARKED)
+    assert marker_ids <= set(plain.token_ids), plain.text
+    assert [c.name for c in plain.calls] == ["get_weather"] and plain.calls[0].arguments, \
+        plain.text
+
+
+async def _forced_family_calls_are_lossless(engine: VllmEngine, name: str) -> Any:
+    """Plain decoding's forced call in the family's format, and the same tokens with schema
+    drafts and with the sidecar's prediction; returns plain decoding's result."""
     own = engine.tokenizer
     engine.tokenizer = with_chat_template(own, FAMILIES[name].template_text())  # as start()
     try:
@@ -151,7 +190,7 @@ async def test_family_template_forced_calls_are_lossless(engine: VllmEngine, nam
         def request(enabled: bool) -> Any:
             return ChatCompletionRequest.model_validate({
                 "messages": [{"role": "user", "content": PROMPTS[0]}], "tools": TOOLS,
-                "tool_choice": "required", "temperature": 0.0, "max_tokens": 64,
+                "tool_choice": "required", "temperature": 0.0, "max_tokens": 96,
                 "ooo_spec": {"enabled": enabled}})
 
         plain = await service.complete(service.prepare(request(False)))
@@ -172,5 +211,6 @@ async def test_family_template_forced_calls_are_lossless(engine: VllmEngine, nam
                 sums[1] += tally["accepted_tokens"]
         print(f"{name}: {plain.text!r}\n  drafted/accepted tokens per source {tallies}")
         assert sum(accepted for _, accepted in tallies.values()) > 0, tallies
+        return plain
     finally:
         engine.tokenizer = own

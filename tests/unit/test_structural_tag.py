@@ -13,6 +13,7 @@ from app.config import AppConfig, EngineConfig
 from app.formats.grammar_check import GrammarCheck
 from app.formats.json_grammar import GrammarError
 from app.formats.structural_tag import (
+    ONE_LINE_ARGUMENTS,
     STRUCTURAL_TAG_MODELS,
     call_tag,
     engine_tag_model,
@@ -208,3 +209,30 @@ def test_a_forced_call_in_the_format_streams_as_the_formats_calls() -> None:
     json_stream = output_stream(request, get_format("hermes"), None)
     assert json_stream is not None
     assert not any(c.name for c in json_stream.feed(CALL).calls)
+
+
+def test_deepseek_forced_calls_stay_on_one_line_where_vllms_parser_reads_them() -> None:
+    """vLLM's deepseek_v31 parser finds no call whose arguments span lines (its regex stops
+    at a newline) and drops the text too; the forced call's grammar keeps the arguments on
+    one line, where it reads them (if vLLM's parser learns newlines, the first assertion
+    fails and `ONE_LINE_ARGUMENTS` can go)."""
+    from app.formats.tool_formats import ParsedOutput
+    from app.formats.tool_formats.vllm_parsing import VllmParsing
+    from tests.unit.test_tool_formats_vllm import family_tokenizer
+
+    parsing = VllmParsing("deepseek_v31", None, family_tokenizer("deepseek_v31"))
+
+    def written(arguments: str) -> str:
+        return ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"
+                + arguments + "<｜tool▁call▁end｜><｜tool▁calls▁end｜>")
+
+    lines, line = written('{\n  "city": "Paris"\n}'), written('{"city": "Paris"}')
+    assert parsing.parse(lines, [WEATHER]) == (None, ParsedOutput(content=None, calls=[]))
+    assert parsing.parse(line, [WEATHER])[1].calls == [ParsedCall("get_weather",
+                                                                  {"city": "Paris"})]
+    assert "deepseek_v3_1" in ONE_LINE_ARGUMENTS
+    grammar = tag_grammar(call_tag("deepseek_v3_1", [WEATHER], "required", None, None,
+                                   "auto"), 8, one_line=True)
+    assert accepts(grammar, line) and not accepts(grammar, lines)
+    assert accepts(tag_grammar(call_tag("deepseek_v3_1", [WEATHER], "required", None, None,
+                                        "auto"), 8), lines)

@@ -127,11 +127,17 @@ def test_rendered_calls_parse_back_with_vllm(name: str, case: str) -> None:
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_strings_holding_the_formats_markers(name: str) -> None:
     """The JSON formats round-trip a value holding every format's markers; the others cannot
-    (`MARKER_LIMITS`), in vLLM as in the model's own template."""
+    (`MARKER_LIMITS`), in vLLM as in the model's own template: where vLLM's parser splits the
+    call at a marker inside the value, the text is content and no call (never a call whose
+    arguments are not an object, which no client can read)."""
     fmt = family_format(name)
     calls = [ParsedCall("echo", {"text": MARKERS})]
-    parsed = fmt.parse(fmt.render(calls), tools_for(calls))
+    text = fmt.render(calls)
+    parsed = fmt.parse(text, tools_for(calls))
     assert same_calls(parsed.calls, calls) == (name not in MARKER_LIMITS), parsed
+    assert all(isinstance(c.arguments, dict) for c in parsed.calls), parsed
+    if not parsed.calls and name != "openai":  # harmony's text is channels, never content
+        assert parsed.content and "echo" in parsed.content, parsed
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))

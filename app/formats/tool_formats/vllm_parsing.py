@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 from app.formats.tool_formats.base import ParsedCall, ParsedOutput, arguments_obj
@@ -75,6 +75,36 @@ def vllm_request(
     )
 
 
+@lru_cache(maxsize=256)
+def keeps_special_tokens(
+    tool_parser: str | None,
+    reasoning_parser: str | None,
+    tokenizer: Any,
+    with_tools: bool,
+    tool_choice: str = "auto",
+    template_kwargs_json: str = "{}",
+) -> bool:
+    """Whether `vllm serve` decodes a request's output with its special tokens: the parsers
+    whose markers are special tokens in their models' tokenizers (Kimi's, DeepSeek's, hermes'
+    in some models, Gemma 4's channels) turn `skip_special_tokens` off in `adjust_request`,
+    or the markers would never reach the text they parse. Harmony is read from the text's
+    harmony tokens here, so its markers are always kept. A parser vLLM will not build with
+    this tokenizer (the hand-written formats' reason to be) keeps vLLM's default: skipped.
+    Cached: only whether tools are offered, the choice and the template's variables matter."""
+    if is_harmony(tool_parser, reasoning_parser):
+        return True
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}] \
+        if with_tools else None
+    template_kwargs = json.loads(template_kwargs_json) or None
+    request = vllm_request(tools, template_kwargs, tool_choice)
+    parsing = VllmParsing(tool_parser, reasoning_parser, tokenizer)
+    try:
+        parser = parsing.new_parser(request, template_kwargs)
+    except (RuntimeError, ValueError, ImportError):
+        return False
+    return parser.adjust_request(request).skip_special_tokens is False
+
+
 @dataclass
 class VllmParsing:
     """One main model's parsers: the two names and its tokenizer."""
@@ -115,6 +145,13 @@ class VllmParsing:
             model_output_token_ids=ids,
         )
         parsed = [ParsedCall(c.name, arguments_obj(c.arguments)) for c in calls or []]
+        if any(not isinstance(c.arguments, dict) for c in parsed):
+            # A call whose arguments are not a JSON object (cut by max_tokens, or split at
+            # one of the format's markers written inside a string value): the text after the
+            # reasoning comes back as content with no calls, as a forced JSON call cut short.
+            reasoning, content, _ = self.new_parser(request, template_kwargs).parse(
+                text, request, enable_auto_tools=False, model_output_token_ids=ids)
+            return reasoning, ParsedOutput(content=content, calls=[])
         return reasoning, ParsedOutput(content=content, calls=parsed)
 
     def stream(
