@@ -28,7 +28,12 @@ from app.formats.reasoning import Reasoning
 from app.formats.tool_format import placeholder_call
 from app.formats.tool_formats import ParsedCall, VllmFormat, get_format
 from app.formats.tool_formats.families import FAMILIES
-from app.formats.tool_formats.vllm_parsing import VllmParsing, parser_class, vllm_request
+from app.formats.tool_formats.vllm_parsing import (
+    VllmParsing,
+    keeps_special_tokens,
+    parser_class,
+    vllm_request,
+)
 
 GOLDEN: dict[str, list[ParsedCall]] = {
     "nested": [ParsedCall("search", {"filter": {"range": {"min": 1, "max": 2.5},
@@ -325,3 +330,34 @@ def test_the_thinking_switch_is_the_one_vllms_parser_reads() -> None:
     # Without the model's tokenizer (a hand-written format on the router): as before.
     assert Reasoning.for_request("kimi_k2", {"enable_thinking": False}, None) == Reasoning(
         "kimi_k2", template_kwargs={"enable_thinking": False})
+
+
+def test_special_tokens_are_kept_where_vllms_parser_asks() -> None:
+    """Kimi's markers are special tokens in its tokenizer: vLLM's kimi_k2 parser has the
+    output decoded with them (`adjust_request`) when tools are offered, else a call's markers
+    are gone before it is parsed. The main model asks its engine for the same; DeepSeek V3.1's
+    parser does not ask, harmony is always read with its markers, and a parser vLLM will not
+    build with the tokenizer (a hand-written format's) keeps vLLM's default."""
+    from types import SimpleNamespace
+
+    from app.config import AppConfig
+    from app.main_model.service import MainModelService
+    from app.openai_models import ChatCompletionRequest
+
+    kimi = family_tokenizer("kimi_k2")
+    assert keeps_special_tokens("kimi_k2", None, kimi, True, "auto")
+    assert keeps_special_tokens("kimi_k2", None, kimi, True, "required")
+    assert not keeps_special_tokens("kimi_k2", None, kimi, False, "auto")
+    assert not keeps_special_tokens("deepseek_v31", None, family_tokenizer("deepseek_v31"), True)
+    assert keeps_special_tokens("openai", None, base_tokenizer(), False)
+    assert not keeps_special_tokens("llama3_json", None, base_tokenizer(), True)
+
+    def asks(tool_format: str, tools: bool) -> bool:
+        config = AppConfig.model_validate({"main": {"engine": {"tool_format": tool_format}}})
+        service = MainModelService(config, engine=SimpleNamespace(tokenizer=kimi))  # type: ignore[arg-type]
+        request = ChatCompletionRequest.model_validate(
+            {"messages": [{"role": "user", "content": "Hi"}]})
+        return service.keeps_special_tokens(request, "auto", tools)
+
+    assert asks("kimi_k2", True) and not asks("kimi_k2", False)
+    assert not asks("hermes", True)  # the hand-written hermes reads no special tokens
