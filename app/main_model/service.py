@@ -793,7 +793,7 @@ class MainModelService:
                              with_tools: bool) -> bool:
         """As `vllm serve`: the output keeps its special tokens where vLLM's parsers of the
         configured names would ask for them (the markers they read are special tokens in
-        Kimi's, DeepSeek's, gpt-oss's tokenizers). Hand-written formats read no such tokens."""
+        Kimi's and gpt-oss's tokenizers, among others). Hand-written formats read none."""
         tool_parser = self.format.name if self.format.vllm_backed else None
         reasoning_parser = self.config.main.engine.reasoning_parser
         if tool_parser is None and reasoning_parser is None:

@@ -85,8 +85,8 @@ def keeps_special_tokens(
     template_kwargs_json: str = "{}",
 ) -> bool:
     """Whether `vllm serve` decodes a request's output with its special tokens: the parsers
-    whose markers are special tokens in their models' tokenizers (Kimi's, DeepSeek's, hermes'
-    in some models, Gemma 4's channels) turn `skip_special_tokens` off in `adjust_request`,
+    whose markers are special tokens in their models' tokenizers (Kimi's, GLM's, MiniMax's,
+    Qwen3-Coder's, hermes' in some models, Gemma 4's channels; not DeepSeek V3.1's) turn `skip_special_tokens` off in `adjust_request`,
     or the markers would never reach the text they parse. Harmony is read from the text's
     harmony tokens here, so its markers are always kept. A parser vLLM will not build with
     this tokenizer (the hand-written formats' reason to be) keeps vLLM's default: skipped.
