@@ -37,14 +37,18 @@ PREFILL = {"hermes": "<tool_call>\n", "llama3_json": '{"name": "', "mistral": "[
            "pythonic": "[get_weather("}
 
 
-@pytest.fixture(scope="module")
-def engine() -> Iterator[VllmEngine]:
-    eng = VllmEngine(EngineConfig(model="embedded", dtype="float32", max_model_len=2048,
+def _running(model: str) -> Iterator[VllmEngine]:
+    eng = VllmEngine(EngineConfig(model=model, dtype="float32", max_model_len=2048,
                                   kv_cache_gib=0.5),
                      SpeculationConfig(num_speculative_tokens=16, prompt_lookup_fallback=True))
     eng.start()
     yield eng
     eng.stop()
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[VllmEngine]:
+    yield from _running("embedded")
 
 
 async def test_own_parsers_agree_with_vllm_on_model_outputs(engine: VllmEngine) -> None:
@@ -129,8 +133,8 @@ async def test_forced_calls_through_the_structural_tag_are_lossless(
 async def test_family_template_forced_calls_are_lossless(engine: VllmEngine, name: str) -> None:
     """The embedded model under a family's template, its call forced through the family's
     structural tag: the format's text comes out, vLLM's parser of the name reads the call,
-    and with the sidecar's prediction and schema drafts the tokens are plain decoding's
-    (float32)."""
+    and with the sidecar's prediction, history and schema drafts the tokens are plain
+    decoding's (float32)."""
     await _forced_family_calls_are_lossless(engine, name)
 
 
@@ -148,12 +152,7 @@ def marked_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmEngi
     from tests.marked_model import marked_model_dir
 
     path = marked_model_dir(FAMILIES[MARKED].markers, tmp_path_factory.getbasetemp())
-    eng = VllmEngine(EngineConfig(model=str(path), dtype="float32", max_model_len=2048,
-                                  kv_cache_gib=0.5),
-                     SpeculationConfig(num_speculative_tokens=16, prompt_lookup_fallback=True))
-    eng.start()
-    yield eng
-    eng.stop()
+    yield from _running(str(path))
 
 
 async def test_marked_family_forced_calls_are_lossless(marked_engine: VllmEngine) -> None:
@@ -169,8 +168,8 @@ async def test_marked_family_forced_calls_are_lossless(marked_engine: VllmEngine
 
 
 async def _forced_family_calls_are_lossless(engine: VllmEngine, name: str) -> Any:
-    """Plain decoding's forced call in the family's format, and the same tokens with schema
-    drafts and with the sidecar's prediction; returns plain decoding's result."""
+    """Plain decoding's forced call in the family's format, and the same tokens with history
+    and schema drafts and with the sidecar's prediction; returns plain decoding's result."""
     own = engine.tokenizer
     engine.tokenizer = with_chat_template(own, FAMILIES[name].template_text())  # as start()
     try:

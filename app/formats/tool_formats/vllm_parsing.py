@@ -86,8 +86,9 @@ def keeps_special_tokens(
 ) -> bool:
     """Whether `vllm serve` decodes a request's output with its special tokens: the parsers
     whose markers are special tokens in their models' tokenizers (Kimi's, GLM's, MiniMax's,
-    Qwen3-Coder's, hermes' in some models, Gemma 4's channels; not DeepSeek V3.1's) turn `skip_special_tokens` off in `adjust_request`,
-    or the markers would never reach the text they parse. Harmony is read from the text's
+    Qwen3-Coder's, hermes' in some models, Gemma 4's channels; not DeepSeek V3.1's) turn
+    `skip_special_tokens` off in `adjust_request`, or the markers would never reach the text
+    they parse. Harmony is read from the text's
     harmony tokens here, so its markers are always kept. A parser vLLM will not build with
     this tokenizer (the hand-written formats' reason to be) keeps vLLM's default: skipped.
     Cached: only whether tools are offered, the choice and the template's variables matter."""
