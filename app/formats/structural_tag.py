@@ -45,8 +45,8 @@ StrictLevel = Literal["auto", "function", "parameter"]
 
 # vLLM 0.32's tool parsers (`--tool-call-parser`) by their structural-tag model, read from
 # each parser class's `structural_tag_model` (tests/unit/test_structural_tag.py checks it
-# against vLLM). Left out: `openai` (harmony: vLLM's registry has no builder for it; gpt-oss is
-# constrained by its own harmony path in vLLM) and `hy_v4` (its tag needs a per-checkpoint
+# against vLLM). `harmony` (gpt-oss) is built by vLLM's harmony parser module, which registers
+# it on import (`_call_tag` imports it). Left out: `hy_v4` (its tag needs a per-checkpoint
 # token suffix read from the tokenizer).
 STRUCTURAL_TAG_MODELS: dict[str, str] = {
     "deepseek_v3": "deepseek_r1",
@@ -65,6 +65,7 @@ STRUCTURAL_TAG_MODELS: dict[str, str] = {
     "longcat": "longcat",
     "mimo": "mimo",
     "minimax_m2": "minimax",
+    "openai": "harmony",
     "plamo3": "plamo3",
     "qwen3_coder": "qwen_3_coder",
     "qwen3_json": "hermes",
@@ -124,6 +125,9 @@ def _call_tag(
         limit_to_single_tool_call,
     )
     from vllm.tool_parsers.tool_strict_level import ToolStrictLevel
+
+    if model == "harmony":
+        import vllm.parser.harmony  # noqa: F401 - registers the harmony builder, as vllm serve
 
     level = ToolStrictLevel.from_name(strict_level)
     if mode != "auto":  # forced calls: arguments pinned, as the JSON fallback

@@ -40,7 +40,7 @@ def accepts(grammar: str, text: str) -> bool:
 
 def test_the_table_is_vllms_own() -> None:
     """Every entry is the `structural_tag_model` of vLLM's parser class of that name, and one
-    vLLM's registry can build (harmony and hy_v4 are left out on purpose: module docstring)."""
+    vLLM's registry can build (hy_v4 is left out on purpose: module docstring)."""
     from vllm.tool_parsers import ToolParserManager
     from vllm.tool_parsers.structural_tag_registry import (
         _VLLM_STRUCTURAL_TAG_REGISTRY,
@@ -53,8 +53,12 @@ def test_the_table_is_vllms_own() -> None:
     for parser in ("mistral", "pythonic", "llama4_pythonic"):  # formats with JSON fallback
         assert ToolParserManager.get_tool_parser(parser).structural_tag_model is None
         assert structural_tag_model(parser) is None
-    assert ToolParserManager.get_tool_parser("openai").structural_tag_model == "harmony"
+    # gpt-oss's tag is built by vLLM's harmony parser module, which registers it on import.
+    assert STRUCTURAL_TAG_MODELS["openai"] == "harmony"
     assert "harmony" not in SUPPORTED_STRUCTURAL_TAG_MODELS
+    import vllm.parser.harmony  # noqa: F401
+
+    assert "harmony" in _VLLM_STRUCTURAL_TAG_REGISTRY
 
 
 @pytest.mark.parametrize(("mode", "tools", "parallel", "level", "wanted"), [
@@ -76,6 +80,7 @@ def test_the_engine_config_chooses_the_tag_or_the_json_fallback() -> None:
     assert engine_tag_model(EngineConfig()) == "hermes"
     assert engine_tag_model(EngineConfig(tool_format="llama3_json")) == "llama"
     assert engine_tag_model(EngineConfig(tool_format="pythonic")) is None
+    assert engine_tag_model(EngineConfig(tool_format="openai")) == "harmony"
     assert engine_tag_model(EngineConfig(tool_structural_tags=False)) is None
 
 
@@ -101,6 +106,35 @@ def test_drafts_fit_the_tag_and_parse_back(fmt: str, named: str | None) -> None:
     # Schema drafts (placeholders) fit too: keys and markers as the model will write them.
     for text in render_tagged_variants(get_format(fmt), [placeholder_call(WEATHER)], tools):
         assert accepts(grammar, text), text
+
+
+@pytest.mark.parametrize("named", [None, "get_weather"])
+def test_harmony_calls_are_forced_in_harmony(named: str | None) -> None:
+    """gpt-oss (`openai`) is forced through vLLM's harmony tag, as `vllm serve` does: the
+    call ooo-spec drafts is harmony the tag lets the model write (its `<|call|>` is a stop
+    token there, which the engine takes where the grammar may end), after an analysis
+    message too, and vLLM's parser reads it back; the JSON fallback's list is refused."""
+    from app.formats.tool_formats.families import FAMILIES
+    from tests.unit.test_tool_formats_vllm import family_tokenizer
+
+    fmt = get_format("openai", family_tokenizer("openai"), FAMILIES["openai"].template_text())
+    tools = [WEATHER, TIME]
+    grammar = tag_grammar(call_tag("harmony", tools, "named" if named else "required", named,
+                                   None, "auto"), 8)
+    call = ParsedCall("get_weather", {"days": 3, "city": "Zürich \"old\" town"})
+    variants = render_tagged_variants(fmt, [call], tools)
+    assert variants
+    for text in variants:
+        written = text.removesuffix("<|call|>")
+        for output in (written, "<|channel|>analysis<|message|>Weather: ask the tool.<|end|>"
+                       "<|start|>assistant" + written):
+            assert accepts(grammar, output), output
+            assert fmt.parse(output).calls == [ParsedCall("get_weather", {
+                "city": "Zürich \"old\" town", "days": 3})]
+    assert not accepts(grammar, json.dumps([{"name": "get_weather",
+                                              "arguments": {"city": "x"}}]))
+    other = fmt.render([ParsedCall("get_time", {"zone": "UTC"})]).removesuffix("<|call|>")
+    assert accepts(grammar, other) is (named is None)  # a named tool: only that one
 
 
 def test_forced_arguments_follow_the_schema_and_one_call_unless_parallel() -> None:
