@@ -91,7 +91,12 @@ def check_tool_format(dep: DeploymentReport, cfg: EngineConfig) -> None:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
-    fmt = get_format(cfg.tool_format)
+    template = None
+    if cfg.chat_template:  # the engine renders with it (VllmEngine.start), so judge that one
+        from app.formats.tool_formats.families import load_chat_template
+
+        template = tokenizer.chat_template = load_chat_template(cfg.chat_template)
+    fmt = get_format(cfg.tool_format, tokenizer, template)
     native = chat_prompt.template_renders_tools(tokenizer)
     dep.tool_format = f"{fmt.name}; " + (
         "the chat template renders tools" if native

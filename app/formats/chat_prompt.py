@@ -76,18 +76,24 @@ _PROBE_CALL = {"role": "assistant", "content": "", "tool_calls": [{
 
 def template_call_text(tokenizer: ChatTokenizer) -> str | None:
     """How the template writes a past assistant call: the text a probe call adds to the
-    conversation; None when the template cannot render it."""
+    conversation, after the assistant header the generation prompt ends with (the model
+    writes from there: harmony's parser reads no call behind a `<|start|>assistant` of its
+    own); None when the template cannot render it."""
     try:
         before = str(tokenizer.apply_chat_template(
             _PROBE_MESSAGES, tools=_PROBE_TOOLS, tokenize=False))
         after = str(tokenizer.apply_chat_template(
             [*_PROBE_MESSAGES, _PROBE_CALL], tools=_PROBE_TOOLS, tokenize=False))
+        prompt = str(tokenizer.apply_chat_template(
+            _PROBE_MESSAGES, tools=_PROBE_TOOLS, tokenize=False, add_generation_prompt=True))
     except Exception:
         return None
     common = 0
     while common < min(len(before), len(after)) and before[common] == after[common]:
         common += 1
-    return after[common:]
+    written = after[common:]
+    header = prompt[common:]
+    return written[len(header):] if header and written.startswith(header) else written
 
 
 def format_mismatch(tokenizer: ChatTokenizer, fmt: ToolFormat) -> str | None:

@@ -252,6 +252,32 @@ def test_config_check_reports_the_prompt_and_a_format_mismatch(tools_model: Path
     assert len(wrong.warnings) == 1 and "'pythonic'" in wrong.warnings[0]
 
 
+def test_config_check_judges_the_configured_chat_template() -> None:
+    """`main.engine.chat_template` is the template the engine renders with, so the check reads
+    that one: the embedded model's own ignores tools, a family's template renders them in
+    the family's format, and a format that template does not write is warned about."""
+    from app.config import EngineConfig
+    from app.config_check import DeploymentReport, check_tool_format
+    from app.engine.embedded_model import is_prepared
+
+    if not is_prepared():
+        pytest.skip("the embedded model is not prepared (`make model`)")
+
+    def report(**engine: str) -> DeploymentReport:
+        dep = DeploymentReport(name="MainModel", actor={}, actor_from="test")
+        check_tool_format(dep, EngineConfig(model="embedded", **engine))
+        return dep
+
+    assert report(tool_format="qwen3_xml").tool_format == (
+        "qwen3_xml; the template ignores tools: the format's own tool prompt")
+    for name, template in (("qwen3_xml", "qwen3_coder"), ("openai", "openai")):
+        agreeing = report(tool_format=name, chat_template=template)
+        assert agreeing.tool_format == f"{name}; the chat template renders tools"
+        assert agreeing.warnings == [], agreeing.warnings
+    wrong = report(tool_format="qwen3_xml", chat_template="openai")
+    assert len(wrong.warnings) == 1 and "'qwen3_xml'" in wrong.warnings[0]
+
+
 def test_reasoning_in_history_reaches_a_template_that_reads_it(tools_model: Path) -> None:
     """The earlier turns' thinking is in the prompt of a template that renders
     `reasoning_content` (the bytes vLLM renders: `test_prompt_is_vllms_byte_for_byte`), and a
