@@ -303,8 +303,8 @@ class DraftWorthConfig(_Strict):
     )
     max_spec_factor: float = Field(
         1.0, gt=0, le=16,
-        description="A token matcher (suffix, prompt lookup) drafts at most this many tokens "
-        "per token of context it matched (as vLLM's suffix decoding).",
+        description="The suffix source drafts at most this many tokens per token of context it "
+        "matched (as vLLM's suffix decoding).",
     )
 
 

@@ -116,6 +116,10 @@ class Diagnostics(_Wire):
     # `false`: draft a candidate only while the output is a prefix of it (what re-alignment
     # after a divergence is worth).
     realign: bool = True
+    # `false`: this request's drafts run to the budget instead of being sized by their worth
+    # (`speculation.draft_worth`; benchmarks compare both on one server). No effect where the
+    # server's sizing is off.
+    draft_worth: bool = True
     # Wait for the sidecar's prediction even when it came too late to draft from, and report it
     # as `ooo_spec.predictions` (its agreement with the committed call), at the cost of latency.
     await_prediction: bool = False

@@ -55,6 +55,7 @@ class Snapshot:
     candidates: tuple[str, ...]
     candidate_sources: tuple[tuple[str, DraftSource], ...]
     realign: bool
+    sized: bool
     gate: GateState | None
 
 
@@ -64,7 +65,7 @@ def version_of(entry: RequestSpeculation) -> Version:
 
 def snapshot(entry: RequestSpeculation) -> Snapshot:
     return Snapshot(version_of(entry), entry.enabled, tuple(entry.candidates),
-                    tuple(entry.candidate_sources.items()), entry.realign,
+                    tuple(entry.candidate_sources.items()), entry.realign, entry.sized,
                     entry.gate.state() if entry.gate is not None else None)
 
 
@@ -234,7 +235,7 @@ def _apply(found: Snapshot, copy: RequestSpeculation | None) -> RequestSpeculati
         candidates = copy.candidates  # the alignment's anchor refers to this list
     return RequestSpeculation(enabled=found.enabled, candidates=candidates,
                               candidate_sources=dict(found.candidate_sources),
-                              realign=found.realign, gate=gate)
+                              realign=found.realign, sized=found.sized, gate=gate)
 
 
 def is_output_rank(worker: Any) -> bool:

@@ -133,7 +133,7 @@ class CandidateProposer:
                 continue
             proposals = self._sized(
                 self._proposals(entry, tracked, piece, token_ids_cpu[row, :num_tokens], budget),
-                tracked.rates, cost)
+                tracked.rates, cost if entry.sized else 0.0)
             chosen = choose(proposals, tracked.rates)
             if chosen is not None:
                 drafts[row] = chosen.tokens
@@ -168,8 +168,9 @@ class CandidateProposer:
         factor = self.policy.worth.max_spec_factor
         out = []
         for proposal in proposals:
-            cap = matcher_cap(proposal.match, factor) if proposal.match else None
-            tokens = sized(proposal.tokens, rates.rate(proposal.source), cost, cap)
+            cap = matcher_cap(proposal.match, factor) if proposal.source == "suffix" else None
+            tokens = sized(proposal.tokens,
+                           rates.position_rates(proposal.source, len(proposal.tokens)), cost, cap)
             if tokens:
                 out.append(Proposal(proposal.source, tokens, proposal.match))
         return out

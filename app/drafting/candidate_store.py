@@ -32,6 +32,9 @@ class RequestSpeculation:
     drafted_after_pause: int = 0
     # Off only to measure what re-alignment after a divergence is worth (benchmarks).
     realign: bool = True
+    # Off only to measure what sizing drafts by their worth is worth (benchmarks): this
+    # request's drafts run to the budget (app/drafting/draft_worth.py).
+    sized: bool = True
     # `tool_choice: auto`: the candidates follow the output (app/drafting/auto_drafts.py)
     # instead of `candidates`.
     gate: AutoDrafts | None = None
@@ -81,9 +84,11 @@ class CandidateStore:
         # thread that adds them, not on the engine's step thread.
         self.prepare: Callable[[list[str]], None] | None = None
 
-    def open(self, request_id: str, enabled: bool, realign: bool = True) -> None:
+    def open(self, request_id: str, enabled: bool, realign: bool = True,
+             sized: bool = True) -> None:
         with self._lock:
-            self._requests[request_id] = RequestSpeculation(enabled=enabled, realign=realign)
+            self._requests[request_id] = RequestSpeculation(enabled=enabled, realign=realign,
+                                                            sized=sized)
 
     def add_candidates(
         self, request_id: str, candidates: list[str], source: DraftSource = "sidecar"

@@ -3,13 +3,20 @@
 Every step each source may propose a continuation for a row (candidates from the sidecar,
 history or the schemas, anchored by text alignment; the tenant's suffix index; prompt lookup).
 One is drafted: the one with the most tokens the main model is expected to accept, from each
-source's recent per-token acceptance in this request (`SourceRates`): with rate p, a draft of
-L tokens is expected to get p + p^2 + ... + p^L accepted (each token only if all before it
-were). Ties go by the order of `DRAFT_SOURCES` (a prediction made for this request first).
-A request's rates start at `PRIOR` (never from other requests: one tenant's traffic must not
-change another's drafts) and follow what the engine accepts, so a source that keeps failing on this
-output (a schema's placeholder value, an earlier output that went elsewhere) gives way to one
-that does not. A step's evidence is read as a geometric trial: `a` of `L` drafted tokens
+source's evidence in this request (`SourceRates`). A source's per-token acceptance `p` is
+unknown; its evidence is a Beta(alpha, beta) belief about it: `PRIOR_WEIGHT` pseudo-tokens at
+`PRIOR`, plus the tokens of this request's drafts it got accepted (successes) and rejected
+(failures), older steps weighing less (`DECAY`). The chance a draft's first `i` tokens are all
+accepted is then the Beta-geometric survival B(alpha + i, beta) / B(alpha, beta): position `i`
+is accepted with chance (alpha + i) / (alpha + beta + i) once the `i` before it were. Each
+accepted position makes the next likelier: drafts are right for a long stretch or wrong
+early, and a constant per-token rate (which the mixture replaces) cut the long right ones short.
+Expected accepted tokens are the sum of the survivals. Ties go by the order of `DRAFT_SOURCES`
+(a prediction made for this request first).
+A request's evidence starts empty (never from other requests: one tenant's traffic must not
+change another's drafts) and follows what the engine accepts, so a source that keeps failing on
+this output (a schema's placeholder value, an earlier output that went elsewhere) gives way to
+one that does not. A step's evidence is read as a geometric trial: `a` of `L` drafted tokens
 accepted is `a` successes and, when `a < L`, one failure (the rejected token; those after it
 were never tried).
 
@@ -29,9 +36,14 @@ from dataclasses import dataclass, field
 
 from app.speculation.draft_sources import DRAFT_SOURCES, DraftSource, SourceTally
 
-PRIOR = 0.5
-# Weight of the newest step in a source's rate: a few steps decide, one unlucky step does not.
-SMOOTHING = 0.3
+# The belief before any evidence: a per-token acceptance of 0.75 worth two tokens. Drafted to
+# the budget, the sources' accepted runs on the bench's multi-turn calls gave per-token rates of
+# about 0.7 (schema) to 0.8 (suffix) (docs/bench/suffix.md); two tokens let a request's own
+# first steps outweigh it.
+PRIOR = 0.75
+PRIOR_WEIGHT = 2.0
+# Each step's older evidence is worth this much of what it was: recent steps decide.
+DECAY = 0.8
 _RANK = {source: index for index, source in enumerate(DRAFT_SOURCES)}
 
 
@@ -43,54 +55,95 @@ class Proposal:
     match: int = 0
 
 
-def expected_accepted(rate: float, length: int) -> float:
-    """p + p^2 + ... + p^length.
+@dataclass(frozen=True)
+class Evidence:
+    """A source's accepted (successes) and rejected (failures) tokens, decayed."""
 
-    >>> expected_accepted(0.5, 2), expected_accepted(1.0, 3)
+    successes: float = 0.0
+    failures: float = 0.0
+
+    def position_rates(self, length: int) -> list[float]:
+        """Each position's chance of acceptance given every position before it was accepted
+        (the Beta-geometric predictive; see the module docstring).
+
+        >>> [round(p, 3) for p in Evidence().position_rates(3)]
+        [0.75, 0.833, 0.875]
+        >>> [round(p, 3) for p in Evidence(0.0, 4.0).position_rates(2)]
+        [0.25, 0.357]
+        """
+        alpha = self.successes + PRIOR_WEIGHT * PRIOR
+        total = self.successes + self.failures + PRIOR_WEIGHT
+        return [(alpha + i) / (total + i) for i in range(length)]
+
+    def mean(self) -> float:
+        return self.position_rates(1)[0]
+
+
+def survival(rates: Sequence[float]) -> list[float]:
+    """The chance that each position and all before it are accepted.
+
+    >>> survival([0.5, 0.5, 1.0])
+    [0.5, 0.25, 0.25]
+    """
+    out: list[float] = []
+    alive = 1.0
+    for rate in rates:
+        alive *= rate
+        out.append(alive)
+    return out
+
+
+def expected_accepted(rates: Sequence[float]) -> float:
+    """Accepted tokens expected from a draft with these per-position rates.
+
+    >>> expected_accepted([0.5, 0.5]), expected_accepted([1.0] * 3)
     (0.75, 3.0)
     """
-    if rate >= 1.0:
-        return float(length)
-    return rate * (1 - rate ** length) / (1 - rate)
+    return sum(survival(rates))
 
 
 @dataclass
 class SourceRates:
-    """Per-token acceptance of each source's drafts in one request, smoothed."""
+    """Each source's evidence in one request (see the module docstring)."""
 
-    rates: dict[DraftSource, float] = field(default_factory=dict)
-    smoothing: float = SMOOTHING
+    evidence: dict[DraftSource, Evidence] = field(default_factory=dict)
+
+    def of(self, source: DraftSource) -> Evidence:
+        return self.evidence.get(source, Evidence())
 
     def rate(self, source: DraftSource) -> float:
-        return self.rates.get(source, PRIOR)
+        """The source's expected per-token acceptance (its first position's)."""
+        return self.of(source).mean()
+
+    def position_rates(self, source: DraftSource, length: int) -> list[float]:
+        return self.of(source).position_rates(length)
 
     def observe(self, source: DraftSource, drafted: int, accepted: int) -> None:
         """One step's evidence: `accepted` of `drafted` tokens (see the module docstring).
 
-        >>> rates = SourceRates(smoothing=1.0)
-        >>> rates.observe("suffix", 16, 8); rates.rate("suffix")
-        0.8888888888888888
-        >>> rates.observe("suffix", 4, 4); rates.rate("suffix")
-        1.0
+        >>> rates = SourceRates()
+        >>> rates.observe("suffix", 16, 16); round(rates.rate("suffix"), 3)
+        0.972
+        >>> rates.observe("suffix", 4, 0); round(rates.rate("suffix"), 3)
+        0.905
         """
         if drafted <= 0:
             return
         accepted = min(accepted, drafted)
-        seen = accepted / (accepted + (1 if accepted < drafted else 0))
-        self.rates[source] = (1 - self.smoothing) * self.rate(source) + self.smoothing * seen
-
-    def copy(self) -> SourceRates:
-        return SourceRates(dict(self.rates), SMOOTHING)
+        old = self.of(source)
+        self.evidence[source] = Evidence(
+            DECAY * old.successes + accepted,
+            DECAY * old.failures + (1 if accepted < drafted else 0))
 
 
 def _key(source: DraftSource, length: int, rates: SourceRates) -> tuple[float, int]:
-    return round(expected_accepted(rates.rate(source), length), 9), -_RANK[source]
+    return round(expected_accepted(rates.position_rates(source, length)), 9), -_RANK[source]
 
 
 def choose(proposals: Sequence[Proposal], rates: SourceRates) -> Proposal | None:
     """The proposal with the most expected accepted tokens (see the module docstring).
 
-    >>> rates = SourceRates({"schema": 0.1})
+    >>> rates = SourceRates({"schema": Evidence(0.0, 8.0)})
     >>> choose([Proposal("schema", [1, 2, 3]), Proposal("suffix", [4, 5])], rates).source
     'suffix'
     """

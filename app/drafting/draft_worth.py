@@ -18,10 +18,13 @@ compute (this project's CPU engine: `r` about 0.15, `c` 0.13 at one row, 0.7 at 
 `r` per platform is `PLATFORM_VERIFY_RATIO` unless the config sets it; `PassClock` refines it
 from the engine's own step times when they vary enough to tell `a` from `b`.
 
-Per position probabilities come from each source's evidence: a candidate's (sidecar, history,
-schema) smoothed acceptance rate, the same for every position; a token matcher's (suffix,
-lookup) rate, and no further than `max_spec_factor` times the context it matched (vLLM's
-suffix decoding bounds its drafts the same way: a two-token match rarely predicts sixteen).
+Per position probabilities come from each source's evidence in the request
+(`draft_choice.SourceRates`: a Beta belief about its per-token acceptance, so each accepted
+position makes the next likelier). The suffix source drafts no further than `max_spec_factor`
+times the context it matched (vLLM's suffix decoding bounds its drafts the same way: a
+two-token match of one earlier output rarely predicts sixteen). Prompt lookup is not bounded
+so: its match is at most `prompt_lookup_max` tokens (4) by construction, and vLLM's n-gram
+drafts its full `k` after it; a cap there held every lookup draft to 4 tokens.
 Pure functions and one small estimator: the proposer calls them per row per step.
 """
 
@@ -86,14 +89,15 @@ def matcher_cap(match_length: int, max_spec_factor: float) -> int:
     return max(1, math.floor(match_length * max_spec_factor))
 
 
-def sized(tokens: list[int], rate: float, cost: float, cap: int | None = None) -> list[int]:
-    """`tokens` cut to what they are worth at `rate` per position (and at most `cap`).
+def sized(tokens: list[int], rates: Sequence[float], cost: float,
+          cap: int | None = None) -> list[int]:
+    """`tokens` cut to what they are worth at their per-position `rates` (and at most `cap`).
 
-    >>> sized(list(range(10)), 0.9, 0.13), sized(list(range(10)), 0.9, 0.13, cap=3)
+    >>> sized(list(range(10)), [0.9] * 10, 0.13), sized(list(range(10)), [0.9] * 10, 0.13, 3)
     ([0, 1, 2, 3, 4, 5, 6, 7, 8, 9], [0, 1, 2])
     """
     limit = len(tokens) if cap is None else min(len(tokens), cap)
-    return tokens[:worth_length([rate] * limit, cost)]
+    return tokens[:worth_length(rates[:limit], cost)]
 
 
 @dataclass
@@ -141,7 +145,7 @@ class PassClock:
 @dataclass(frozen=True)
 class DraftWorth:
     """The proposer's sizing rule: on/off, the platform's ratio (or the config's), the
-    token matchers' cap per matched token."""
+    suffix source's cap per matched token."""
 
     enabled: bool = True
     ratio: float = PLATFORM_VERIFY_RATIO["cpu"]

@@ -60,6 +60,7 @@ class Engine(Protocol):
         on_start: Callable[[str], None] | None = None,
         realign: bool = True,
         cache_salt: str | None = None,
+        sized: bool = True,
     ) -> AsyncIterator[StepDelta]:
         """One `StepDelta` per forward pass; `on_start(request_id)` once the engine has the
         request (the id drafts are stored under). Closing the iterator aborts the request."""

@@ -606,6 +606,7 @@ class VllmEngine:
         on_start: Any = None,
         realign: bool = True,
         cache_salt: str | None = None,
+        sized: bool = True,
     ) -> AsyncGenerator[StepDelta, None]:
         """Yield one `StepDelta` per forward pass that produced tokens for this request.
 
@@ -664,7 +665,8 @@ class VllmEngine:
                 if internal is not None:
                     self._streams[external_id] = (loop, q)
                     self._internal_ids[external_id] = internal
-                    self.store.open(internal, enabled=speculate, realign=realign)
+                    self.store.open(internal, enabled=speculate, realign=realign,
+                                    sized=sized)
                 reply(internal, exc)
 
             prompt: dict[str, Any] = {"prompt_token_ids": prompt_token_ids}

@@ -642,6 +642,7 @@ class MainModelService:
                 prepared.prompt_token_ids, dict(prepared.sampling), prepared.speculate,
                 feed.on_start, realign=prepared.request.ooo_spec.diagnostics.realign,
                 cache_salt=prefix_cache_salt(prepared.tenant, prepared.request.cache_salt),
+                sized=prepared.request.ooo_spec.diagnostics.draft_worth,
             ):
                 tally.add(delta)
                 if feed.prefix is None and delta.text:

@@ -70,6 +70,11 @@ register_mode("ooo:no-realign",
               {"ooo_spec": {"enabled": True, "pre_execute": False,
                             "diagnostics": {"realign": False}}},
               "speculation without re-alignment (prefix-only drafting)", sources=["bfcl"])
+# What sizing drafts by their worth is worth: `ooo` with every draft run to the budget.
+register_mode("ooo:budget",
+              {"ooo_spec": {"enabled": True, "pre_execute": False,
+                            "diagnostics": {"draft_worth": False}}},
+              "as `ooo`, every draft run to its budget (drafts not sized by their worth)")
 # The sidecar's own numbers: the response waits for its prediction, even a late one, so its
 # readiness and agreement with plain's call are measured on every case (latency not comparable).
 register_mode(SIDECAR, {"ooo_spec": {"enabled": True, "pre_execute": False,

@@ -81,6 +81,7 @@ class FakeEngine:
         on_start: Callable[[str], None] | None = None,
         realign: bool = True,
         cache_salt: str | None = None,
+        sized: bool = True,
     ) -> AsyncIterator[StepDelta]:
         self.requests.append((prompt_token_ids, sampling))
         if self.fail is not None:

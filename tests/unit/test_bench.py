@@ -89,6 +89,7 @@ def test_builtin_modes() -> None:
     assert MODES["sidecar:base"].extra_body["ooo_spec"]["diagnostics"] == {
         **MODES["sidecar"].extra_body["ooo_spec"]["diagnostics"], "sidecar_adapter": False}
     assert MODES["ooo:no-realign"].extra_body["ooo_spec"]["diagnostics"]["realign"] is False
+    assert MODES["ooo:budget"].extra_body["ooo_spec"]["diagnostics"] == {"draft_worth": False}
 
 
 def test_register_mode_and_parse() -> None:

@@ -4,18 +4,36 @@ from __future__ import annotations
 
 from app.drafting.draft_choice import (
     PRIOR,
+    Evidence,
     PendingDraft,
     Proposal,
     SourceRates,
     choose,
     expected_accepted,
+    survival,
 )
 
 
 def test_expected_accepted_grows_with_rate_and_length() -> None:
-    assert expected_accepted(0.0, 8) == 0.0
-    assert expected_accepted(0.5, 1) == 0.5
-    assert expected_accepted(0.9, 8) > expected_accepted(0.9, 4) > expected_accepted(0.5, 4)
+    assert expected_accepted([0.0] * 8) == 0.0
+    assert expected_accepted([0.5]) == 0.5
+    assert expected_accepted([0.9] * 8) > expected_accepted([0.9] * 4) > \
+        expected_accepted([0.5] * 4)
+
+
+def test_each_accepted_position_makes_the_next_likelier() -> None:
+    """The Beta-geometric reading: with no evidence, later positions are likelier (a draft
+    that got that far is on track); evidence of rejections lowers every position, of long
+    accepted runs raises them."""
+    fresh = Evidence().position_rates(8)
+    assert fresh[0] == PRIOR and all(a < b for a, b in zip(fresh, fresh[1:], strict=False))
+    rates = SourceRates()
+    rates.observe("schema", drafted=8, accepted=0)
+    rates.observe("schema", drafted=8, accepted=1)
+    rates.observe("suffix", drafted=16, accepted=16)
+    assert rates.rate("schema") < PRIOR < rates.rate("suffix")
+    assert survival(rates.position_rates("suffix", 16))[-1] > 0.7
+    assert survival(rates.position_rates("schema", 4))[-1] < 0.2
 
 
 def test_at_equal_rates_the_longer_draft_then_the_source_order_wins() -> None:

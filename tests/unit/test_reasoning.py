@@ -119,7 +119,8 @@ class _Engine:
 
     async def stream(self, prompt: list[int], sampling: dict[str, Any], speculate: bool,
                      on_start: Any, realign: bool = True,
-                     cache_salt: str | None = None) -> AsyncIterator[StepDelta]:
+                     cache_salt: str | None = None,
+                     sized: bool = True) -> AsyncIterator[StepDelta]:
         on_start("req-1")
         # The prediction arrives while the model thinks. It is validated on a worker thread,
         # which a busy machine may not run for a while: a fixed sleep made the test flaky.
