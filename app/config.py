@@ -294,7 +294,7 @@ class DraftWorthConfig(_Strict):
     verify_cost_ratio: float | None = Field(
         None, gt=0, le=10,
         description="Cost of verifying one token over a forward pass's fixed cost (b / a). "
-        "None: the platform's (0.15 on CPU, 0.002 on GPU), refined from the engine's own step "
+        "None: the platform's (0.04 on CPU, 0.002 on GPU), refined from the engine's own step "
         "times when `measure_steps` is on.",
     )
     measure_steps: bool = Field(

@@ -96,9 +96,11 @@ class CandidateProposer:
         batch = self.runner.input_batch
         req_ids: list[str] = batch.req_ids
         active = sum(1 for sampled in sampled_token_ids if sampled)
+        # The last step's verified tokens (its rows and their drafts) stand in for this one's.
+        verified = self._last_step[2] if self._last_step is not None else active
         self._time_step(req_ids, sampled_token_ids, active)
         budget_per_row = self.policy.batch_budget(active)
-        cost = self.policy.worth.cost(active, self.clock)
+        cost = self.policy.worth.cost(active, self.clock, verified)
         drafted_tokens = 0
         # One fetch for the step: the rows that run, and the requests kept from earlier steps
         # (whether they are gone). Across processes this is the step's one exchange.

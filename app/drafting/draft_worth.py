@@ -4,19 +4,21 @@ verifying it costs.
 A forward pass that verifies `N` tokens in all costs about `a + b * N` (a fixed part: weights
 read, scheduling, Python; and a part per token: compute). A row's draft token at position `i`
 is committed only if it and every token before it are accepted, with probability
-`q_i = p_1 * ... * p_i`; when it is, it saves the row a pass. Adding it costs `b` of every row's
-time. With `B` rows decoding and the ratio `r = b / a`, the step's throughput gains from the
-token when `q_i` exceeds the verify cost
+`q_i = p_1 * ... * p_i`. An output of `T` tokens takes `T - accepted` passes of its row, so
+each accepted token saves the row exactly one pass; with `B` rows sharing a step, a row's pass
+is `1/B` of a step, `(a + b * N) / B` of time. Adding the token costs `b`. So it pays when
+`q_i` exceeds the verify cost
 
-    c = r * B / (1 + r * B)
+    c = b * B / (a + b * N) = r * B / (1 + r * N),    r = b / a
 
-(the committed tokens per unit time of a pass, times `b`; drafts left out of `N`, which makes
-`c` slightly high, so drafts err short). So a draft stops at the first position whose `q_i`
-falls below `c`: long where drafts ride nearly free (a memory-bound GPU decode step at small
-batch: `r` about 0.002, `c` 0.002 at one row), short where each verified token costs real
-compute (this project's CPU engine: `r` about 0.15, `c` 0.13 at one row, 0.7 at 16 rows).
-`r` per platform is `PLATFORM_VERIFY_RATIO` unless the config sets it; `PassClock` refines it
-from the engine's own step times when they vary enough to tell `a` from `b`.
+with `N` the tokens the step verifies (its rows' own and their drafts: the last step's count
+stands in for this one's). A draft stops at the first position whose `q_i` falls below `c`:
+long where drafts ride nearly free (a memory-bound GPU decode step at small batch: `r` about
+0.002, `c` 0.002 at one row), shorter where each verified token costs real compute (this
+project's CPU engine: `r` about 0.04, `c` 0.03 at one row drafting 12 tokens, 0.39 at 16 rows
+drafting none). `r` per platform is `PLATFORM_VERIFY_RATIO` unless the config sets it;
+`PassClock` refines it from the engine's own step times when they vary enough to tell `a` from
+`b`.
 
 Per position probabilities come from each source's evidence in the request
 (`draft_choice.SourceRates`: a Beta belief about its per-token acceptance, so each accepted
@@ -38,27 +40,29 @@ from dataclasses import dataclass, field
 from app.config import Platform
 
 # b / a per platform (verify cost of one token over a pass's fixed cost) where the config
-# leaves it unset. CPU: a 135M-parameter model on two cores, a 17-token pass about 3.5x a
-# one-token one; the bench's passes agree: 86 ms a pass, 137 ms with about 4 drafted tokens
-# (docs/benchmarks.md, "Drafts sized by their worth"). GPU: a decode step reads
-# every weight once whatever the tokens; a token's compute is a rounding error at small batch.
-PLATFORM_VERIFY_RATIO: dict[Platform, float] = {"cpu": 0.15, "cuda": 0.002}
+# leaves it unset. CPU: a 135M-parameter model on two cores; the bench's 176 speculative
+# multi-turn requests (2026-12-04, docs/bench/suffix.md) fit decode time = 71-85 ms a pass plus
+# 2.7-3.3 ms a drafted token. GPU: a decode step reads every weight once whatever the tokens; a
+# token's compute is a rounding error at small batch.
+PLATFORM_VERIFY_RATIO: dict[Platform, float] = {"cpu": 0.04, "cuda": 0.002}
 # The estimate from step times is used only within these bounds (a wrong clock must not turn
 # drafting off or make every draft run to the budget).
 RATIO_BOUNDS = (0.0005, 1.0)
 
 
-def verify_cost(ratio: float, rows: int) -> float:
+def verify_cost(ratio: float, rows: int, verified: int | None = None) -> float:
     """The acceptance chance a drafted position needs to pay for its verification, with
-    `rows` rows decoding this step.
+    `rows` rows decoding this step and `verified` tokens verified in all (default: the rows'
+    own, no drafts).
 
-    >>> round(verify_cost(0.15, 1), 3), round(verify_cost(0.15, 16), 3)
-    (0.13, 0.706)
-    >>> round(verify_cost(0.002, 1), 4)
-    0.002
+    >>> round(verify_cost(0.04, 1), 3), round(verify_cost(0.04, 1, 13), 3)
+    (0.038, 0.026)
+    >>> round(verify_cost(0.04, 16), 3), round(verify_cost(0.002, 1), 4)
+    (0.39, 0.002)
     """
-    load = ratio * max(rows, 1)
-    return load / (1 + load)
+    rows = max(rows, 1)
+    verified = max(verified or rows, rows)
+    return ratio * rows / (1 + ratio * verified)
 
 
 def worth_length(rates: Sequence[float], cost: float) -> int:
@@ -152,11 +156,13 @@ class DraftWorth:
     measured: bool = True  # refine `ratio` from the engine's step times (PassClock)
     max_spec_factor: float = 1.0
 
-    def cost(self, rows: int, clock: PassClock | None = None) -> float:
-        """The verify cost this step (0 when sizing is off: every draft runs to its budget)."""
+    def cost(self, rows: int, clock: PassClock | None = None,
+             verified: int | None = None) -> float:
+        """The verify cost this step (0 when sizing is off: every draft runs to its budget);
+        `verified`: the tokens a step of these rows verifies (see `verify_cost`)."""
         if not self.enabled:
             return 0.0
         ratio = self.ratio
         if self.measured and clock is not None:
             ratio = clock.ratio() or ratio
-        return verify_cost(ratio, rows)
+        return verify_cost(ratio, rows, verified)
