@@ -287,9 +287,11 @@ class DraftWorthConfig(_Strict):
     only while its chance of acceptance pays for verifying it. Never changes the output."""
 
     enabled: bool = Field(
-        True, description="Cut each draft where the chance that all its tokens so far are "
+        False, description="Cut each draft where the chance that all its tokens so far are "
         "accepted falls below the cost of verifying one more (off: every draft runs to its "
-        "budget).",
+        "budget). Off by default: on this project's CPU engine, side by side at one commit, "
+        "drafts run to the budget took fewer passes and as much or more throughput at 1, 4 "
+        "and 16 agents (docs/benchmarks.md, 'Drafts sized by their worth, side by side').",
     )
     verify_cost_ratio: float | None = Field(
         None, gt=0, le=10,

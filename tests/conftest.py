@@ -38,10 +38,12 @@ def serve_config() -> dict:
     # sidecar that does not pay (app/api/sidecar_value.py) would depend on the requests
     # earlier tests sent. Its decisions are tested in tests/unit/test_sidecar_value.py.
     config["applications"][0]["args"]["speculation"]["sidecar_value"] = {"enabled": False}
-    # Drafts are sized from a fixed verify-cost ratio, not from the engine's measured step
-    # times (app/drafting/draft_worth.py): tests compare draft tallies across requests, and
-    # sizes measured on a machine that other tests load would differ from run to run.
-    config["applications"][0]["args"]["speculation"]["draft_worth"] = {"measure_steps": False}
+    # Drafts are sized (off by default; on here so the end-to-end tests cover it) from a fixed
+    # verify-cost ratio, not from the engine's measured step times
+    # (app/drafting/draft_worth.py): tests compare draft tallies across requests, and sizes
+    # measured on a machine that other tests load would differ from run to run.
+    config["applications"][0]["args"]["speculation"]["draft_worth"] = {
+        "enabled": True, "measure_steps": False}
     return config
 
 

@@ -56,7 +56,8 @@ SEARCH = {"type": "function", "function": {
 TOOLS = [WEATHER, CONVERT, SEARCH]
 # Drafts sized from the platform's fixed verify cost: sizes refined from measured step times
 # follow the machine's load (CI failed once on it), and the tests compare counts.
-FIXED_WORTH = {"measure_steps": False}
+# Sizing on (off by default) so the lossless checks cover it, from a fixed ratio.
+FIXED_WORTH = {"enabled": True, "measure_steps": False}
 
 
 def _config(speculation: dict[str, Any] | None = None) -> AppConfig:
