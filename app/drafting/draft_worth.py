@@ -41,9 +41,9 @@ from app.config import Platform
 
 # b / a per platform (verify cost of one token over a pass's fixed cost) where the config
 # leaves it unset. CPU: a 135M-parameter model on two cores; the bench's 176 speculative
-# multi-turn requests (2026-12-04, docs/bench/suffix.md) fit decode time = 71-85 ms a pass plus
-# 2.7-3.3 ms a drafted token. GPU: a decode step reads every weight once whatever the tokens; a
-# token's compute is a rounding error at small batch.
+# multi-turn requests (2026-12-04, docs/benchmarks.md, "side by side") fit decode time =
+# 71-85 ms a pass plus 2.7-3.3 ms a drafted token. GPU: a decode step reads every weight once
+# whatever the tokens; a token's compute is a rounding error at small batch.
 PLATFORM_VERIFY_RATIO: dict[Platform, float] = {"cpu": 0.04, "cuda": 0.002}
 # The estimate from step times is used only within these bounds (a wrong clock must not turn
 # drafting off or make every draft run to the budget).
