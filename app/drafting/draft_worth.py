@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from app.config import Platform
+from app.drafting.draft_choice import survival
 
 # b / a per platform (verify cost of one token over a pass's fixed cost) where the config
 # leaves it unset. CPU: a 135M-parameter model on two cores; the bench's 176 speculative
@@ -76,10 +77,8 @@ def worth_length(rates: Sequence[float], cost: float) -> int:
     >>> worth_length([0.5] * 16, 0.002)  # ... unless verifying is nearly free
     8
     """
-    survive = 1.0
-    for position, rate in enumerate(rates):
-        survive *= rate
-        if survive < cost:
+    for position, alive in enumerate(survival(rates)):
+        if alive < cost:
             return position
     return len(rates)
 
