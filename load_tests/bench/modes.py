@@ -70,11 +70,13 @@ register_mode("ooo:no-realign",
               {"ooo_spec": {"enabled": True, "pre_execute": False,
                             "diagnostics": {"realign": False}}},
               "speculation without re-alignment (prefix-only drafting)", sources=["bfcl"])
-# What sizing drafts by their worth is worth: `ooo` with every draft run to the budget.
+# What sizing drafts by their worth is worth: `ooo` with every draft run to the budget. Sizing
+# is off by default, so the server must turn it on for the two to differ.
 register_mode("ooo:budget",
               {"ooo_spec": {"enabled": True, "pre_execute": False,
                             "diagnostics": {"draft_worth": False}}},
-              "as `ooo`, every draft run to its budget (drafts not sized by their worth)")
+              "as `ooo`, every draft run to its budget (drafts not sized by their worth; the "
+              "same as `ooo` unless the server sets speculation.draft_worth.enabled)")
 # The sidecar's own numbers: the response waits for its prediction, even a late one, so its
 # readiness and agreement with plain's call are measured on every case (latency not comparable).
 register_mode(SIDECAR, {"ooo_spec": {"enabled": True, "pre_execute": False,
