@@ -334,7 +334,7 @@ class HistoryConfig(_Strict):
 class SuffixConfig(_Strict):
     """The `suffix` draft source: each tenant's own earlier outputs and the request's own
     tokens, matched on their longest common suffix with the output (app/drafting/suffix_index.py).
-    Memory: about 100 bytes per token per `max_depth`, per tenant."""
+    Memory: about 150 bytes per token per `max_depth`, per tenant."""
 
     enabled: bool = Field(
         True, description="Draft from the tenant's earlier outputs and the request's own "
@@ -347,6 +347,13 @@ class SuffixConfig(_Strict):
     )
     min_match: int = Field(
         2, ge=1, description="Shortest context (tokens) a suffix draft may continue."
+    )
+    min_token_prob: float = Field(
+        0.1, ge=0, le=1,
+        description="A draft follows the most frequent continuation of the tenant's earlier "
+        "outputs and stops where the chance of the whole draft (the product of each token's "
+        "share of its context's count) falls below this; vLLM's "
+        "`suffix_decoding_min_token_prob`, with its default.",
     )
     max_tokens_per_tenant: int = Field(
         8192, ge=16,

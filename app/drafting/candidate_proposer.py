@@ -171,10 +171,10 @@ class CandidateProposer:
         out = []
         for proposal in proposals:
             cap = matcher_cap(proposal.match, factor) if proposal.source == "suffix" else None
-            tokens = sized(proposal.tokens,
-                           rates.position_rates(proposal.source, len(proposal.tokens)), cost, cap)
+            tokens = sized(proposal.tokens, proposal.rates(rates), cost, cap)
             if tokens:
-                out.append(Proposal(proposal.source, tokens, proposal.match))
+                out.append(Proposal(proposal.source, tokens, proposal.match,
+                                    proposal.odds[:len(tokens)]))
         return out
 
     def _proposals(
@@ -219,7 +219,7 @@ class CandidateProposer:
                 sidecar or could_win("suffix", budget, proposals, tracked.rates)):
             found = suffix_match(entry.suffix, tokens, budget)
             if found is not None:
-                proposals.append(Proposal("suffix", found.tokens, found.length))
+                proposals.append(Proposal("suffix", found.tokens, found.length, found.odds))
         if self.prompt_lookup_fallback and (
                 sidecar or could_win("lookup", budget, proposals, tracked.rates)):
             matched, follow = prompt_lookup_match(tokens, budget, self.lookup_min,

@@ -53,6 +53,20 @@ class Proposal:
     tokens: list[int]
     # For a token matcher (suffix, lookup): the context it matched, in tokens (0: a candidate).
     match: int = 0
+    # Each token's chance given the ones before it by the source's own counts (the suffix
+    # trie's shares of a context's continuations); empty: the source counts nothing.
+    odds: tuple[float, ...] = ()
+
+    def rates(self, rates: SourceRates) -> list[float]:
+        """Each position's chance of acceptance: the source's record in this request, times
+        its own odds there (a fork the tenant's outputs took both ways halves a position).
+
+        >>> Proposal("suffix", [1, 2], odds=(0.5, 1.0)).rates(SourceRates())
+        [0.375, 0.8333333333333334]
+        """
+        found = rates.position_rates(self.source, len(self.tokens))
+        return [rate * odd for rate, odd in zip(found, self.odds, strict=False)] + found[
+            len(self.odds):]
 
 
 @dataclass(frozen=True)
@@ -136,8 +150,8 @@ class SourceRates:
             DECAY * old.failures + (1 if accepted < drafted else 0))
 
 
-def _key(source: DraftSource, length: int, rates: SourceRates) -> tuple[float, int]:
-    return round(expected_accepted(rates.position_rates(source, length)), 9), -_RANK[source]
+def _key(proposal: Proposal, rates: SourceRates) -> tuple[float, int]:
+    return round(expected_accepted(proposal.rates(rates)), 9), -_RANK[proposal.source]
 
 
 def choose(proposals: Sequence[Proposal], rates: SourceRates) -> Proposal | None:
@@ -152,7 +166,7 @@ def choose(proposals: Sequence[Proposal], rates: SourceRates) -> Proposal | None
     for proposal in proposals:
         if not proposal.tokens:
             continue
-        key = _key(proposal.source, len(proposal.tokens), rates)
+        key = _key(proposal, rates)
         if best_key is None or key > best_key:
             best, best_key = proposal, key
     return best
@@ -169,9 +183,9 @@ def could_win(
     >>> could_win("lookup", 4, [Proposal("schema", [1, 2])], SourceRates())
     True
     """
-    best = max((_key(p.source, len(p.tokens), rates) for p in proposals if p.tokens),
-               default=None)
-    return best is None or _key(source, budget, rates) > best
+    best = max((_key(p, rates) for p in proposals if p.tokens), default=None)
+    # At its longest and surest (odds of 1 throughout): an upper bound on what it could draft.
+    return best is None or _key(Proposal(source, [0] * budget), rates) > best
 
 
 def agreed(draft: Sequence[int], committed: Sequence[int]) -> int:

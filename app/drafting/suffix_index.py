@@ -8,15 +8,21 @@ here each tenant has its own index, so one tenant's outputs are never drafted fo
 (nor do its acceptance counts or timings say anything about another's).
 
 `SuffixIndex` is a depth-limited suffix trie of a tenant's outputs stored flat: every n-gram of
-up to `max_depth` tokens maps to where it last ended (an output and a position). The longest
-match of the output's tail grows one token at a time and stops at the first miss (if an
-n-gram occurs, so does its (n-1)-token suffix, ending at the same place), so a lookup is at
-most `max_depth` dict probes, and adding an output of L tokens is L * `max_depth` inserts.
+up to `max_depth` tokens maps to the tokens that followed it and how often (its children with
+their counts). The longest match of the output's tail grows one token at a time and stops at
+the first miss (if an n-gram was followed by something, so was its (n-1)-token suffix), so a
+lookup is at most `max_depth` dict probes, and adding an output of L tokens is L * `max_depth`
+count updates. The draft then walks down from the match as vLLM's suffix decoding walks its
+tree: each step takes the most frequent child (the most recent one on a tie), whose share of
+the node's count is its chance (`SuffixMatch.odds`), and stops once the path's chance (their
+product) falls below `min_token_prob` (vLLM's `suffix_decoding_min_token_prob`, 0.1): where the
+tenant's outputs went different ways, the draft is short and says how sure it is. Following
+only the most recent occurrence, a draft ran on through a fork its outputs took both ways.
 Keys are the n-grams' hashes: a collision drafts wrong tokens, which the main model rejects;
 it never changes an output, and never crosses tenants (each tenant has its own dict).
 Memory is bounded by `max_tokens` per tenant, over its own index and its scopes' together
-(oldest outputs evicted first, with the keys that still point at them), and `max_tenants`
-(least recently used tenant dropped whole, its scopes with it).
+(oldest outputs evicted first, their counts taken back), and `max_tenants` (least recently
+used tenant dropped whole, its scopes with it).
 
 `own_match` is the same idea over the request's own prompt and output (the current prompt's
 tool descriptions and earlier tool results), as a binary search over the match length; a
@@ -44,28 +50,37 @@ from app.drafting.alignment import tail_follow
 _OUTPUT_IDS = itertools.count()
 
 
+# vLLM's `suffix_decoding_min_token_prob`: a draft stops where its path is less likely.
+MIN_TOKEN_PROB = 0.1
+
+
 @dataclass(frozen=True)
 class SuffixMatch:
-    """A draft and the length (in tokens) of the context it continues."""
+    """A draft, the length (in tokens) of the context it continues, and each drafted token's
+    chance given the ones before it, from the counts (empty: not counted, e.g. the request's
+    own tokens)."""
 
     length: int
     tokens: list[int]
+    odds: tuple[float, ...] = ()
 
 
 class SuffixIndex:
     """One tenant's earlier outputs, bounded to `max_tokens` tokens. `min_match`: the
     shortest context a draft may continue (the proposer reads it)."""
 
-    def __init__(self, max_depth: int, max_tokens: int, min_match: int = 2) -> None:
+    def __init__(self, max_depth: int, max_tokens: int, min_match: int = 2,
+                 min_token_prob: float = MIN_TOKEN_PROB) -> None:
         self.max_depth = max_depth
         self.max_tokens = max_tokens
         self.min_match = min_match
+        self.min_token_prob = min_token_prob
         self._lock = threading.Lock()
         self._outputs: dict[int, list[int]] = {}
         self._order: deque[int] = deque()
         self._tokens = 0
-        # hash(n-gram) -> (output id, index just after the n-gram's last token)
-        self._ends: dict[int, tuple[int, int]] = {}
+        # hash(n-gram) -> {token that followed it: count}, the latest-counted token last.
+        self._next: dict[int, dict[int, int]] = {}
 
     def add(self, tokens: Sequence[int]) -> None:
         """Remember one output (the oldest ones go once `max_tokens` is exceeded)."""
@@ -77,9 +92,11 @@ class SuffixIndex:
             self._outputs[output_id] = output
             self._order.append(output_id)
             self._tokens += len(output)
-            for end in range(1, len(output) + 1):
+            for end in range(1, len(output)):
+                follower = output[end]
                 for n in range(1, min(self.max_depth, end) + 1):
-                    self._ends[hash(tuple(output[end - n:end]))] = (output_id, end)
+                    children = self._next.setdefault(hash(tuple(output[end - n:end])), {})
+                    children[follower] = children.pop(follower, 0) + 1
             while self._tokens > self.max_tokens:
                 self._evict_oldest()
 
@@ -100,33 +117,51 @@ class SuffixIndex:
         old_id = self._order.popleft()
         old = self._outputs.pop(old_id)
         self._tokens -= len(old)
-        for end in range(1, len(old) + 1):
+        for end in range(1, len(old)):
+            follower = old[end]
             for n in range(1, min(self.max_depth, end) + 1):
                 key = hash(tuple(old[end - n:end]))
-                found = self._ends.get(key)
-                if found is not None and found[0] == old_id:
-                    del self._ends[key]
+                children = self._next.get(key)
+                if children is None or follower not in children:
+                    continue  # a hash collision took it already
+                children[follower] -= 1
+                if children[follower] <= 0:
+                    del children[follower]
+                    if not children:
+                        del self._next[key]
 
     def match(self, context: Sequence[int] | np.ndarray, k: int) -> SuffixMatch | None:
-        """Up to `k` tokens that followed the longest earlier occurrence of `context`'s last
-        tokens (at least `min_match` of them, at most `max_depth`)."""
+        """Up to `k` tokens down the trie from the longest earlier occurrence of `context`'s
+        last tokens (at least `min_match` of them, at most `max_depth`): the most frequent
+        child each time, while the path's chance stays at least `min_token_prob`."""
         if k <= 0:
             return None
         tail = [int(t) for t in context[-self.max_depth:]]
-        best: tuple[int, int, int] | None = None  # (length, output id, end)
         with self._lock:
+            length = 0
             for n in range(1, len(tail) + 1):
-                found = self._ends.get(hash(tuple(tail[len(tail) - n:])))
-                if found is None:
+                if hash(tuple(tail[len(tail) - n:])) not in self._next:
                     break
-                if n >= self.min_match:
-                    output = self._outputs[found[0]]
-                    if found[1] < len(output):  # something follows it
-                        best = (n, found[0], found[1])
-            if best is None:
+                length = n
+            if length < self.min_match:
                 return None
-            length, output_id, end = best
-            return SuffixMatch(length, self._outputs[output_id][end:end + k])
+            window = tail[len(tail) - length:]
+            tokens: list[int] = []
+            odds: list[float] = []
+            path = 1.0
+            while len(tokens) < k:
+                children = self._next.get(hash(tuple(window[-self.max_depth:])))
+                if not children:
+                    break
+                token, count = _most_frequent(children)
+                chance = count / sum(children.values())
+                if path * chance < self.min_token_prob:
+                    break
+                path *= chance
+                tokens.append(token)
+                odds.append(chance)
+                window.append(token)
+        return SuffixMatch(length, tokens, tuple(odds)) if tokens else None
 
     @property
     def tokens(self) -> int:
@@ -138,6 +173,20 @@ class SuffixIndex:
             return len(self._outputs)
 
 
+def _most_frequent(children: dict[int, int]) -> tuple[int, int]:
+    """The child with the highest count; on a tie, the latest counted (dicts keep the order
+    counts were last raised in, see `SuffixIndex.add`).
+
+    >>> _most_frequent({5: 2, 7: 1, 9: 2})
+    (9, 2)
+    """
+    best = (0, 0)
+    for token, count in children.items():
+        if count >= best[1]:
+            best = (token, count)
+    return best
+
+
 class TenantSuffixes:
     """Each tenant's suffix indexes, for at most `max_tenants` tenants (the least recently
     used tenant dropped whole): its own, and up to `max_scopes` scoped ones within it (a
@@ -146,11 +195,13 @@ class TenantSuffixes:
     memory, nor a place among the tenants, from another tenant."""
 
     def __init__(self, max_depth: int, max_tokens: int, max_tenants: int,
-                 min_match: int = 2, max_scopes: int = 8) -> None:
+                 min_match: int = 2, max_scopes: int = 8,
+                 min_token_prob: float = MIN_TOKEN_PROB) -> None:
         self.max_depth = max_depth
         self.max_tokens = max_tokens
         self.max_tenants = max_tenants
         self.min_match = min_match
+        self.min_token_prob = min_token_prob
         self.max_scopes = max_scopes
         self._lock = threading.Lock()
         # tenant -> its indexes by scope (None: its own), least recently used first.
@@ -168,7 +219,7 @@ class TenantSuffixes:
             index = scopes.get(scope)
             if index is None:
                 index = scopes[scope] = SuffixIndex(self.max_depth, self.max_tokens,
-                                                     self.min_match)
+                                                     self.min_match, self.min_token_prob)
                 named = [name for name in scopes if name is not None]
                 if len(named) > self.max_scopes:
                     del scopes[named[0]]
@@ -213,7 +264,7 @@ def own_match(
     (between `min_length` and `max_length` tokens) of the request's own `tokens`.
 
     >>> own_match([5, 1, 2, 3, 9, 7, 1, 2, 3], 2, 1, 8)
-    SuffixMatch(length=3, tokens=[9, 7])
+    SuffixMatch(length=3, tokens=[9, 7], odds=())
     """
     seq = np.ascontiguousarray(tokens, dtype=np.int64)
     data = seq.tobytes()

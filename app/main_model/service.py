@@ -239,7 +239,7 @@ class MainModelService:
         suffix = config.speculation.suffix
         self.suffixes: TenantSuffixes | None = (
             TenantSuffixes(suffix.max_depth, suffix.max_tokens_per_tenant, suffix.max_tenants,
-                           suffix.min_match)
+                           suffix.min_match, min_token_prob=suffix.min_token_prob)
             if suffix.enabled else None
         )
         self._suffix_writer = ThreadPoolExecutor(1, thread_name_prefix="suffix-writer")

@@ -60,6 +60,21 @@ def test_a_source_that_keeps_failing_gives_way() -> None:
     assert rates.rate("lookup") == PRIOR
 
 
+def test_a_suffix_draft_at_a_fork_weighs_its_odds() -> None:
+    """The trie's own odds multiply the source's record: a suffix draft through a fork its
+    earlier outputs took two ways loses to a schema draft of the same length, and wins
+    where the outputs all went one way."""
+    rates = SourceRates()
+    schema = Proposal("schema", [1, 2, 3, 4])
+    forked = Proposal("suffix", [5, 6, 7, 8], match=3, odds=(0.5, 1.0, 1.0, 1.0))
+    sure = Proposal("suffix", [5, 6, 7, 8], match=3, odds=(1.0,) * 4)
+    assert choose([forked, schema], rates) is schema
+    assert choose([sure, schema], rates) is schema  # a tie at equal odds: the table's order
+    rates.observe("schema", drafted=4, accepted=1)
+    assert choose([sure, schema], rates) is sure
+    assert expected_accepted(forked.rates(rates)) < expected_accepted(sure.rates(rates))
+
+
 def test_settle_counts_accepted_and_the_gain_over_the_others() -> None:
     chosen = Proposal("sidecar", [1, 2, 3, 4])
     others = (Proposal("schema", [1, 9]), Proposal("suffix", [1, 2, 7]))

@@ -37,8 +37,35 @@ def test_memory_is_bounded_and_the_oldest_outputs_go_first() -> None:
     assert index.match([1, 2], k=2) is None  # evicted, with its keys
     found = index.match([11, 12], k=2)
     assert found is not None and found.tokens == [13, 14]
-    # Every key left points at an output still kept.
-    assert all(output_id in index._outputs for output_id, _ in index._ends.values())
+    # The evicted outputs' counts went with them: the counts are those of the kept ones alone.
+    fresh = SuffixIndex(max_depth=4, max_tokens=10)
+    fresh.add([6, 7, 8, 9, 10])
+    fresh.add([11, 12, 13, 14, 15])
+    assert index._next == fresh._next
+
+
+def test_the_most_frequent_continuation_is_drafted_while_its_path_is_likely() -> None:
+    index = SuffixIndex(max_depth=8, max_tokens=1000, min_token_prob=0.3)
+    for output in ([1, 2, 3, 4, 5], [1, 2, 3, 4, 5], [1, 2, 3, 6, 7], [9, 2, 3, 4, 8]):
+        index.add(output)
+    # After "1 2 3": 4 twice, 6 once (the latest): the most frequent, 4, with 2/3; after
+    # "1 2 3 4": 5 both times.
+    found = index.match([1, 2, 3], k=4)
+    assert found is not None and found.tokens == [4, 5] and found.odds == (2 / 3, 1.0)
+    # After "2 3" alone: 4 three times of four, then "2 3 4": 5 twice, 8 once (0.75 * 2/3 =
+    # 0.5), then "2 3 4 5" ends every output it is in.
+    found = index.match([0, 2, 3], k=4)
+    assert found is not None and found.tokens == [4, 5] and found.odds == (0.75, 2 / 3)
+    # A tie goes to the latest: "2 3 4" was followed by 5, 5, 8, and now 8 again.
+    index.add([2, 3, 4, 8, 1])
+    found = index.match([0, 2, 3, 4], k=4)
+    assert found is not None and found.tokens[:2] == [8, 1] and found.odds[0] == 0.5
+    # Below the path's bound nothing is drafted: after "3 6" only 7, but "0 3" is unknown
+    # and "3" alone went four ways.
+    sparse = SuffixIndex(max_depth=8, max_tokens=1000, min_match=1, min_token_prob=0.5)
+    for output in ([3, 1], [3, 2], [3, 4], [3, 5]):
+        sparse.add(output)
+    assert sparse.match([0, 3], k=2) is None
 
 
 def test_tenants_never_see_each_others_outputs() -> None:
