@@ -3,29 +3,28 @@
 # - the Ray lane: everything that starts Ray (the session app, side clusters), in one process, in
 #   file order (two Ray clusters on a 2-core machine only slow each other, and the session's app
 #   starts once); it prints as it goes;
-# - the side lane: the tests that need no session app (`-m standalone`: a real engine in the
-#   test process, or a private Ray in a child process), then the unit tests (pytest-xdist, two
-#   workers); it prints when both are done.
+# - the side lane: the tests of a real engine in the test process without Ray (`-m engine`),
+#   then the unit tests (pytest-xdist, two workers); it prints when both are done.
 # The Ray lane spends most of its time waiting on replicas, timeouts and engines starting (a
 # full run of it alone kept about 0.7 of the two cores busy), so the side lane fills the idle
 # core time instead of running before or after it. In-process engines also change their
 # process's environment (vLLM's CPU platform preloads libgomp), which Ray clusters started
-# later from the same process inherit; apart, the session app never sees it.
+# later in the same process inherit; apart, the Ray lane never sees it.
 # Each phase prints its 20 slowest tests. pytest's exit 5 ("no tests collected") is a failure
 # here. Arguments go to every phase's pytest (e.g. -k NAME); OOO_SPEC_TEST_PHASES picks phases
-# (any of standalone, unit, ray; e.g. =unit runs one).
+# (any of unit, engine, ray; e.g. =unit runs one).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-phases=${OOO_SPEC_TEST_PHASES:-standalone unit ray}
+phases=${OOO_SPEC_TEST_PHASES:-engine unit ray}
 workers=${OOO_SPEC_TEST_WORKERS:-2}
 pytest=(.venv/bin/python -m pytest -q -p no:cacheprovider --durations=20)
 
 run_phase() {
   case $1 in
     unit) "${pytest[@]}" -n "$workers" tests/unit "${@:2}" ;;
-    standalone) "${pytest[@]}" -m standalone tests/integration "${@:2}" ;;
-    ray) "${pytest[@]}" -m "not standalone" tests/integration tests/e2e "${@:2}" ;;
-    *) echo "test: unknown phase $1 (standalone, unit, ray)" >&2; return 2 ;;
+    engine) "${pytest[@]}" -m engine tests/integration "${@:2}" ;;
+    ray) "${pytest[@]}" -m "not engine" tests/integration tests/e2e "${@:2}" ;;
+    *) echo "test: unknown phase $1 (unit, engine, ray)" >&2; return 2 ;;
   esac
   local rc=$?
   if [ $rc -eq 5 ]; then
@@ -35,7 +34,7 @@ run_phase() {
   return $rc
 }
 
-# The side lane: the standalone and unit phases asked for, one after the other.
+# The side lane: the engine and unit phases asked for, one after the other.
 side_lane() {
   local status=0 rc
   for phase in "$@"; do

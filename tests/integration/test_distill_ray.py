@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.standalone
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 CHILD_TIMEOUT_S = 600  # four small jobs on a loaded 2-core box; idle ~1-2 min

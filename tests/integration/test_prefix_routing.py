@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.standalone
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUTER = "deployments.prefix_router:PrefixAffinityRouter"

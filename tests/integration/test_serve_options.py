@@ -31,7 +31,7 @@ import yaml
 
 from app.config import load_config
 
-pytestmark = pytest.mark.standalone
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = {
