@@ -33,7 +33,7 @@ from app.openai_models import CandidateReport, ChatCompletionRequest
 from app.speculation.prediction import PredictedCall, Prediction
 from app.speculation.turn import TurnResult
 
-pytestmark = pytest.mark.engine
+pytestmark = pytest.mark.integration
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather for a city",

@@ -16,7 +16,7 @@ from app.sidecar.service import SidecarService
 from app.speculation.validation import validate_arguments
 from tests.integration.test_lossless import PROMPTS, TOOLS
 
-pytestmark = pytest.mark.engine
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,7 @@ from app.speculation.prediction import Prediction
 from app.speculation.validation import validate_arguments
 from tests.integration.test_lossless import PROMPTS, TOOLS
 
-pytestmark = pytest.mark.engine
+pytestmark = pytest.mark.integration
 
 
 def random_adapter(folder: Path, seed: int = 0) -> Path:

@@ -27,7 +27,7 @@ from app.speculation.prediction import PredictedCall, Prediction
 from tests.integration.test_lossless import FIXED_WORTH, PROMPTS, TOOLS
 from tests.unit.test_tool_formats import own_calls, vllm_calls
 
-pytestmark = pytest.mark.engine
+pytestmark = pytest.mark.integration
 
 SAMPLINGS = [{"temperature": 0.0}, {"temperature": 1.0, "seed": 7}]
 SOURCES = ("schema", "sidecar", "history")  # the drafts each family's forced call must accept
