@@ -39,7 +39,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -92,11 +92,9 @@ class SuffixIndex:
             self._outputs[output_id] = output
             self._order.append(output_id)
             self._tokens += len(output)
-            for end in range(1, len(output)):
-                follower = output[end]
-                for n in range(1, min(self.max_depth, end) + 1):
-                    children = self._next.setdefault(hash(tuple(output[end - n:end])), {})
-                    children[follower] = children.pop(follower, 0) + 1
+            for key, follower in self._followed(output):
+                children = self._next.setdefault(key, {})
+                children[follower] = children.pop(follower, 0) + 1
             while self._tokens > self.max_tokens:
                 self._evict_oldest()
 
@@ -117,18 +115,22 @@ class SuffixIndex:
         old_id = self._order.popleft()
         old = self._outputs.pop(old_id)
         self._tokens -= len(old)
-        for end in range(1, len(old)):
-            follower = old[end]
+        for key, follower in self._followed(old):
+            children = self._next.get(key)
+            if children is None or follower not in children:
+                continue  # a hash collision took it already
+            children[follower] -= 1
+            if children[follower] <= 0:
+                del children[follower]
+                if not children:
+                    del self._next[key]
+
+    def _followed(self, output: list[int]) -> Iterator[tuple[int, int]]:
+        """Each n-gram of `output` (up to `max_depth` tokens, as its hash) that some token
+        followed, with that token: what `add` counts and eviction takes back."""
+        for end in range(1, len(output)):
             for n in range(1, min(self.max_depth, end) + 1):
-                key = hash(tuple(old[end - n:end]))
-                children = self._next.get(key)
-                if children is None or follower not in children:
-                    continue  # a hash collision took it already
-                children[follower] -= 1
-                if children[follower] <= 0:
-                    del children[follower]
-                    if not children:
-                        del self._next[key]
+                yield hash(tuple(output[end - n:end])), output[end]
 
     def match(self, context: Sequence[int] | np.ndarray, k: int) -> SuffixMatch | None:
         """Up to `k` tokens down the trie from the longest earlier occurrence of `context`'s
