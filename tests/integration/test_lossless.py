@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from app.config import AppConfig, EngineConfig, SpeculationConfig
+from app.config import AppConfig, EngineConfig, LoadAwareConfig, SpeculationConfig
 from app.drafting.candidate_proposer import bind_proposer
 from app.drafting.draft_policy import DraftPolicy
 from app.engine.vllm_engine import VllmEngine
@@ -81,7 +81,9 @@ PROMPTS = [
 def engine() -> Iterator[VllmEngine]:
     eng = VllmEngine(
         EngineConfig(model="embedded", dtype="float32", max_model_len=2048, kv_cache_gib=0.5),
-        SpeculationConfig(num_speculative_tokens=16, prompt_lookup_fallback=True),
+        # A step budget that lets every row of a batch of scenarios draft in full.
+        SpeculationConfig(num_speculative_tokens=16, prompt_lookup_fallback=True,
+                          load_aware=LoadAwareConfig(step_draft_tokens=16 * 8)),
     )
     eng.start()
     yield eng
@@ -165,9 +167,12 @@ async def test_forced_calls_are_token_identical(engine: VllmEngine, text: str) -
         "wrong then right": (render([_wrong_argument(right[0])]) + render(right), 0, True),
         "no candidate": ([], 0, True),
     }
+    # Side by side in one batch, as a server decodes them.
+    results = await asyncio.gather(*(
+        _run(engine, prompt, sampling, True, candidates, after, realign)
+        for candidates, after, realign in scenarios.values()))
     steps_by_scenario = {}
-    for name, (candidates, after, realign) in scenarios.items():
-        tokens, steps = await _run(engine, prompt, sampling, True, candidates, after, realign)
+    for name, (tokens, steps) in zip(scenarios, results, strict=True):
         assert tokens == plain, f"{text!r}, {name}: output differs from plain decoding"
         steps_by_scenario[name] = steps
     # A right candidate can only save passes, never add any.
@@ -178,19 +183,19 @@ async def test_forced_calls_are_token_identical(engine: VllmEngine, text: str) -
 async def test_right_candidates_cut_forward_passes(engine: VllmEngine) -> None:
     """The right candidate must actually be used: over all prompts, the median call takes at
     most a quarter of the forward passes plain decoding takes."""
-    plain_steps: list[int] = []
-    spec_steps: list[int] = []
     sampling = {"max_tokens": 96, "temperature": 0.0,
                 "structured_json": forced_output_schema(TOOLS, None)}
-    for text in PROMPTS:
-        prompt = _prompt(engine, text)
-        plain, steps = await _run(engine, prompt, sampling, False, [])
-        output = engine.tokenizer.decode(plain[:-1])
-        right = render_forced_variants(parse_forced(output, None).calls, TOOLS, None)
-        tokens, with_candidate = await _run(engine, prompt, sampling, True, right)
+    prompts = [_prompt(engine, text) for text in PROMPTS]
+    plains = await asyncio.gather(*(_run(engine, p, sampling, False, []) for p in prompts))
+    rights = [render_forced_variants(parse_forced(engine.tokenizer.decode(plain[:-1]),
+                                                  None).calls, TOOLS, None)
+              for plain, _ in plains]
+    specs = await asyncio.gather(*(_run(engine, p, sampling, True, right)
+                                   for p, right in zip(prompts, rights, strict=True)))
+    for (plain, _), (tokens, _) in zip(plains, specs, strict=True):
         assert tokens == plain
-        plain_steps.append(steps)
-        spec_steps.append(with_candidate)
+    plain_steps = [steps for _, steps in plains]
+    spec_steps = [steps for _, steps in specs]
     assert statistics.median(spec_steps) * 4 <= statistics.median(plain_steps), (
         plain_steps, spec_steps)
 
@@ -202,8 +207,8 @@ async def test_free_decoding_is_token_identical(engine: VllmEngine, text: str) -
     sampling = {"max_tokens": 64, "temperature": 0.0}
     plain, _ = await _run(engine, prompt, sampling, False, [])
     guess = render_free([ParsedCall("get_weather", {"city": "Paris"})])
-    for candidates in ([guess], []):
-        tokens, _ = await _run(engine, prompt, sampling, True, candidates)
+    for tokens, _ in await asyncio.gather(*(_run(engine, prompt, sampling, True, candidates)
+                                            for candidates in ([guess], []))):
         assert tokens == plain
 
 
@@ -264,10 +269,10 @@ async def test_drafting_that_pauses_and_resumes_is_lossless(engine: VllmEngine) 
     sampling = {"max_tokens": 96, "temperature": 0.0,
                 "structured_json": forced_output_schema(TOOLS, None)}
     paused = resumed = 0
+    prompts = [_prompt(engine, text) for text in PROMPTS]
+    plains = await asyncio.gather(*(_run(engine, p, sampling, False, []) for p in prompts))
     try:
-        for text in PROMPTS:
-            prompt = _prompt(engine, text)
-            plain, _ = await _run(engine, prompt, sampling, False, [])
+        for text, prompt, (plain, _) in zip(PROMPTS, prompts, plains, strict=True):
             right = parse_forced(engine.tokenizer.decode(plain[:-1]), None).calls
             wrong = render_forced_variants([_wrong_argument(right[0])], TOOLS, None)
             tokens: list[int] = []
@@ -346,11 +351,13 @@ async def test_bounded_whitespace_grammar_is_lossless(engine: VllmEngine, text: 
     plain, plain_steps = await _run(engine, prompt, sampling, False, [])
     output = engine.tokenizer.decode(plain[:-1] if plain[-1] == engine.eos_token_id else plain)
     right = parse_forced(output, None).calls
-    for candidates in (render_forced_variants(right, TOOLS, None),
-                       render_forced_variants([_wrong_argument(right[0])], TOOLS, None), []):
-        tokens, steps = await _run(engine, prompt, sampling, True, candidates)
+    for tokens, steps in await asyncio.gather(*(
+            _run(engine, prompt, sampling, True, candidates)
+            for candidates in (render_forced_variants(right, TOOLS, None),
+                               render_forced_variants([_wrong_argument(right[0])], TOOLS, None),
+                               []))):
         assert tokens == plain, f"{text!r}: output differs from plain decoding"
-    assert steps <= plain_steps
+        assert steps <= plain_steps  # a verified pass commits at least one token
 
 
 CITY = {"type": "object", "properties": {
@@ -504,8 +511,11 @@ async def test_auto_mode_is_token_identical(engine: VllmEngine) -> None:
 
     kinds = {"call": 0, "text": 0}
     drafted_in_calls = accepted_in_calls = 0
-    for text in CALL_REQUESTS + CHATS[:6]:
-        plain = await generate(text, None)
+    texts = CALL_REQUESTS + CHATS[:6]
+    # All in one batch, as a server decodes them: the plain answers, then every prediction.
+    plains = await asyncio.gather(*(generate(text, None) for text in texts))
+    runs: list[tuple[str, str, bool, Prediction]] = []  # text, scenario, a call?, prediction
+    for text, plain in zip(texts, plains, strict=True):
         calls = [ParsedCall(c.name, c.arguments) for c in plain.calls]
         right = calls or [ParsedCall("get_weather", {"city": "Paris"})]
         scenarios = {
@@ -514,14 +524,16 @@ async def test_auto_mode_is_token_identical(engine: VllmEngine) -> None:
             else predicted([_wrong_tool(right[0])]),
             "no call": Prediction(source="sidecar", no_call=True),
         }
-        for name, prediction in scenarios.items():
-            spec = await generate(text, prediction)
-            assert spec.token_ids == plain.token_ids, (
-                f"{text!r}, {name}: output differs from plain decoding")
-            if calls and name == "right call":
-                drafted_in_calls += spec.main.drafted_tokens
-                accepted_in_calls += spec.main.accepted_tokens
+        runs += [(text, name, bool(calls), p) for name, p in scenarios.items()]
         kinds["call" if calls else "text"] += 1
+    specs = await asyncio.gather(*(generate(text, p) for text, _, _, p in runs))
+    expected = dict(zip(texts, plains, strict=True))
+    for (text, name, call, _), spec in zip(runs, specs, strict=True):
+        assert spec.token_ids == expected[text].token_ids, (
+            f"{text!r}, {name}: output differs from plain decoding")
+        if call and name == "right call":
+            drafted_in_calls += spec.main.drafted_tokens
+            accepted_in_calls += spec.main.accepted_tokens
     print(f"auto mode: {kinds}, right calls drafted {drafted_in_calls}, accepted "
           f"{accepted_in_calls}")
     # Both kinds of answer were exercised, and the right calls were drafted and accepted.
@@ -575,11 +587,11 @@ async def test_suffix_source_is_lossless(engine: VllmEngine) -> None:
     assert service.suffixes is not None
     accepted: dict[int, dict[str, int]] = {1: {}, 2: {}}  # round -> prompt -> all sources
     from_suffix = {1: 0, 2: 0}
-    plain: dict[str, list[int]] = {}  # greedy: the same every time it is decoded
+    # greedy: the same every time it is decoded
+    plain = {text: final.token_ids for text, final in zip(PROMPTS, await asyncio.gather(*(
+        _suffix_call(service, text, enabled=False) for text in PROMPTS)), strict=True)}
     for round_ in (1, 2):
         for text in PROMPTS:
-            if text not in plain:
-                plain[text] = (await _suffix_call(service, text, enabled=False)).token_ids
             final = await _suffix_call(service, text, enabled=True)
             assert final.token_ids == plain[text], f"{text!r}: differs from plain decoding"
             accepted[round_][text] = final.main.accepted_tokens

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from app.config import AppConfig, EngineConfig, SpeculationConfig
+from app.config import AppConfig, EngineConfig, LoadAwareConfig, SpeculationConfig
 from app.engine.vllm_engine import VllmEngine, with_chat_template
 from app.formats.structural_tag import engine_tag_model
 from app.formats.tool_formats import FORMATS, get_format
@@ -41,7 +41,9 @@ PREFILL = {"hermes": "<tool_call>\n", "llama3_json": '{"name": "', "mistral": "[
 def _running(model: str) -> Iterator[VllmEngine]:
     eng = VllmEngine(EngineConfig(model=model, dtype="float32", max_model_len=2048,
                                   kv_cache_gib=0.5),
-                     SpeculationConfig(num_speculative_tokens=16, prompt_lookup_fallback=True))
+                     # A step budget that lets every row of a batch of runs draft in full.
+                     SpeculationConfig(num_speculative_tokens=16, prompt_lookup_fallback=True,
+                                       load_aware=LoadAwareConfig(step_draft_tokens=16 * 8)))
     eng.start()
     yield eng
     eng.stop()
@@ -54,20 +56,21 @@ def engine() -> Iterator[VllmEngine]:
 
 async def test_own_parsers_agree_with_vllm_on_model_outputs(engine: VllmEngine) -> None:
     captured: dict[str, list[str]] = {}
+    runs = []  # (format, text before the output, its generation): 12 a format, one batch
     for name in sorted(FORMATS):
         fmt = get_format(name)
-        runs = []  # (text before the output, its generation), one engine batch per format
-        for prompt in PROMPTS[:3]:  # 12 outputs a format, in one engine batch
+        for prompt in PROMPTS[:3]:
             ids = engine.chat_prompt_ids(
                 fmt.prepare_messages([{"role": "user", "content": prompt}], TOOLS))
             opened = ids + list(engine.tokenizer.encode(PREFILL[name], add_special_tokens=False))
             for sampling in SAMPLINGS:
-                runs.append(("", engine.generate(ids, {"max_tokens": 80, **sampling})))
-                runs.append((PREFILL[name], engine.generate(opened,
-                                                            {"max_tokens": 64, **sampling})))
-        results = await asyncio.gather(*(run for _, run in runs))
-        texts = [before + result.text for (before, _), result in zip(runs, results, strict=True)]
-        captured[name] = texts
+                runs.append((name, "", engine.generate(ids, {"max_tokens": 80, **sampling})))
+                runs.append((name, PREFILL[name],
+                             engine.generate(opened, {"max_tokens": 64, **sampling})))
+    results = await asyncio.gather(*(run for _, _, run in runs))
+    for (name, before, _), result in zip(runs, results, strict=True):
+        captured.setdefault(name, []).append(before + result.text)
+    for name, texts in captured.items():
         for text in texts:
             theirs = vllm_calls(name, text)
             if name == "hermes" and theirs is None:
@@ -95,34 +98,46 @@ async def test_forced_calls_through_the_structural_tag_are_lossless(
     service = MainModelService(config, engine=engine)
     assert engine_tag_model(config.main.engine) is not None
     fmt = get_format(name)
-    tallies: dict[str, list[int]] = {}
-    for prompt, choice in [(PROMPTS[0], "required"), (PROMPTS[2], "required"),
-                           (PROMPTS[0], {"type": "function", "function": {"name": "get_weather"}})]:
-        def request(enabled: bool, history: bool = True, prompt: str = prompt,
-                    choice: object = choice) -> Any:
-            return ChatCompletionRequest.model_validate({
-                "messages": [{"role": "user", "content": prompt}], "tools": TOOLS,
-                "tool_choice": choice, "temperature": 0.0, "max_tokens": 96,
-                "ooo_spec": {"enabled": enabled, "history": history, "suffix": False}})
-        plain = await service.complete(service.prepare(request(False)))
+    cases: list[tuple[str, object]] = [
+        (PROMPTS[0], "required"), (PROMPTS[2], "required"),
+        (PROMPTS[0], {"type": "function", "function": {"name": "get_weather"}})]
+
+    def request(case: tuple[str, object], enabled: bool, history: bool = True) -> Any:
+        prompt, choice = case
+        return ChatCompletionRequest.model_validate({
+            "messages": [{"role": "user", "content": prompt}], "tools": TOOLS,
+            "tool_choice": choice, "temperature": 0.0, "max_tokens": 96,
+            "ooo_spec": {"enabled": enabled, "history": history, "suffix": False}})
+
+    plains = await asyncio.gather(*(service.complete(service.prepare(request(case, False)))
+                                    for case in cases))
+    for plain in plains:
         assert plain.text.startswith(fmt.start_marker), plain.text
         assert plain.calls, plain.text
         assert [c.name for c in plain.calls] == [c.name for c in fmt.parse(plain.text).calls]
 
-        async def predicted(calls: list[Any] = plain.calls) -> Prediction:
-            return Prediction(candidates=[[PredictedCall(name=c.name, arguments=c.arguments)
-                                           for c in calls]])
+    async def predicted(calls: list[Any]) -> Prediction:
+        return Prediction(candidates=[[PredictedCall(name=c.name, arguments=c.arguments)
+                                       for c in calls]])
 
-        # Schema drafts alone, the sidecar's prediction, then history (the calls recorded by
-        # earlier history runs; the same question comes twice): the suffix source off, as its
-        # match on earlier outputs would win every step.
-        for history, prediction in ((False, None), (False, predicted()), (True, None)):
-            spec = await service.complete(service.prepare(request(True, history)), prediction)
-            assert spec.token_ids == plain.token_ids, (name, prompt, spec.text, plain.text)
-            for source, tally in spec.main.sources.model_dump().items():
-                sums = tallies.setdefault(source, [0, 0])
-                sums[0] += tally["drafted_tokens"]
-                sums[1] += tally["accepted_tokens"]
+    # Schema drafts alone and the sidecar's prediction, every case side by side in one batch;
+    # then history in turn (the calls recorded by earlier runs; the same question comes
+    # twice): the suffix source off, as its match on earlier outputs would win every step.
+    runs = [(i, history, prediction) for i, plain in enumerate(plains)
+            for history, prediction in ((False, None), (False, predicted(plain.calls)))]
+    specs = list(await asyncio.gather(*(
+        service.complete(service.prepare(request(cases[i], True, history)), prediction)
+        for i, history, prediction in runs)))
+    for i, case in enumerate(cases):
+        runs.append((i, True, None))
+        specs.append(await service.complete(service.prepare(request(case, True))))
+    tallies: dict[str, list[int]] = {}
+    for (i, _, _), spec in zip(runs, specs, strict=True):
+        assert spec.token_ids == plains[i].token_ids, (name, cases[i], spec.text, plains[i].text)
+        for source, tally in spec.main.sources.model_dump().items():
+            sums = tallies.setdefault(source, [0, 0])
+            sums[0] += tally["drafted_tokens"]
+            sums[1] += tally["accepted_tokens"]
     print(f"{name}: drafted/accepted tokens per source {tallies}")
     for source in ("schema", "sidecar", "history"):
         assert tallies[source][1] > 0, (source, tallies)
@@ -209,13 +224,16 @@ async def _forced_family_calls_are_lossless(engine: VllmEngine, name: str) -> An
             return Prediction(candidates=[[PredictedCall(name=c.name, arguments=c.arguments)
                                            for c in plain.calls]])
 
-        # Schema drafts alone, the sidecar's prediction, then history twice (the first run
-        # records the call, the second drafts it): the suffix source off, as its match on
-        # plain's output would win every step.
+        # Schema drafts alone, the sidecar's prediction and a history run side by side in one
+        # batch, then history again (the first history run records the call, the second
+        # drafts it): the suffix source off, as its match on plain's output would win every
+        # step.
         tallies: dict[str, list[int]] = {}
-        runs = ((False, None), (False, predicted()), (True, None), (True, None))
-        for history, prediction in runs:
-            spec = await service.complete(service.prepare(request(True, history)), prediction)
+        specs = list(await asyncio.gather(*(
+            service.complete(service.prepare(request(True, history)), prediction)
+            for history, prediction in ((False, None), (False, predicted()), (True, None)))))
+        specs.append(await service.complete(service.prepare(request(True, True))))
+        for spec in specs:
             assert spec.token_ids == plain.token_ids, (name, spec.text, plain.text)
             for source, tally in spec.main.sources.model_dump().items():
                 sums = tallies.setdefault(source, [0, 0])
