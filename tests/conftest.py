@@ -24,14 +24,6 @@ def serve_config() -> dict:
     config["http_options"] = {**config.get("http_options", {}), "port": TEST_PORT}
     # Inert until a test arms a fault through a Ray handle (tests/e2e/test_faults.py).
     config["applications"][0]["args"]["faults"] = {"enabled": True}
-    # The n-gram baseline engine, for the lossless check of `ooo_spec.baseline`
-    # (tests/e2e/test_ngram_baseline.py); local.yaml keeps it off so `make serve` stays light.
-    config["applications"][0]["args"]["baselines"] = {"ngram": {"enabled": True}}
-    config["applications"][0]["deployments"].append(
-        {"name": "MainModelNgram", "max_ongoing_requests": 16,
-         "autoscaling_config": {"min_replicas": 1, "max_replicas": 1,
-                                "target_ongoing_requests": 8},
-         "ray_actor_options": {"num_cpus": 0}})
     # The bench's slow_lookup (load_tests/bench_tools.py): the tool tests pre-execute it.
     config["applications"][0]["args"]["tools"] = list(TOOL_MODULES)
     # Tests of the sidecar's path need it called on every request that wants it; skipping a

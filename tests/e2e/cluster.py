@@ -4,7 +4,8 @@ deployment handles, replica actors to kill, engine counters, and side applicatio
 A side application is one more Router (and, if asked, its own ToolWorker) with a different
 config, deployed beside the session app and bound to that app's MainModel and Sidecar. It costs
 no CPU reservation and no extra engine, so auth, deadline and privacy settings can be tested on
-real deployments while the session app keeps its default config.
+real deployments while the session app keeps its default config. (A test that needs an engine
+the session app lacks, the n-gram baseline's, binds its own and pays for its start.)
 """
 
 from __future__ import annotations
@@ -145,9 +146,11 @@ def deploy_side_app(
     own_tool_worker: bool = False,
     env: dict[str, str] | None = None,
     main: Any = None,
+    main_ngram: Any = None,
 ) -> str:
     """A Router with `overrides` on the local config, at `/<name>`; returns its base URL.
-    `main`: a bound MainModel deployment of the side app's own instead of the session's."""
+    `main`: a bound MainModel deployment of the side app's own instead of the session's;
+    `main_ngram`: a bound n-gram baseline engine (the session app has none)."""
     from ray import serve
 
     from app.config import load_config
@@ -167,7 +170,8 @@ def deploy_side_app(
         actor["runtime_env"] = {"env_vars": dict(env)}
     router = Router.options(  # type: ignore[attr-defined]
         num_replicas=1, max_ongoing_requests=64, ray_actor_options=actor,
-    ).bind(raw, main if main is not None else handle("MainModel"), handle("Sidecar"), worker)
+    ).bind(raw, main if main is not None else handle("MainModel"), handle("Sidecar"), worker,
+           main_ngram)
     serve.run(router, name=name, route_prefix=f"/{name}", blocking=False)
     url = f"{base_url}/{name}"
 
