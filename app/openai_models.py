@@ -120,6 +120,9 @@ class Diagnostics(_Wire):
     # (`speculation.draft_worth`; benchmarks compare both on one server). No effect where the
     # server's sizing is off.
     draft_worth: bool = True
+    # `false`: drafts from a tool's schema run on through the values the schema leaves open
+    # (their placeholders) instead of stopping where each begins.
+    value_stops: bool = True
     # Wait for the sidecar's prediction even when it came too late to draft from, and report it
     # as `ooo_spec.predictions` (its agreement with the committed call), at the cost of latency.
     await_prediction: bool = False

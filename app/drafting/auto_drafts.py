@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from app.formats.reasoning import Reasoning
+from app.formats.tool_format import SchemaDraft
 from app.formats.tool_formats import get_format
 from app.formats.tool_formats.base import ToolFormat
 from app.speculation.draft_sources import DraftSource
@@ -47,7 +48,7 @@ class GateState:
 
     format: str
     reasoning: Reasoning | None
-    schema: tuple[str, ...]
+    schema: tuple[SchemaDraft, ...]
     predicted: tuple[str, ...]
     sources: tuple[tuple[str, DraftSource], ...]
     no_call: bool
@@ -97,7 +98,8 @@ class AutoDrafts:
     """One auto-mode request's drafting state: predictions in (serving thread), candidate
     texts out (engine step thread)."""
 
-    def __init__(self, fmt: ToolFormat, reasoning: Reasoning | None, schema: list[str]) -> None:
+    def __init__(self, fmt: ToolFormat, reasoning: Reasoning | None,
+                 schema: Sequence[SchemaDraft]) -> None:
         self.format = fmt
         # Only a thinking request waits for its reasoning to close.
         self.reasoning = reasoning if reasoning is not None and reasoning.thinking else None
@@ -111,16 +113,17 @@ class AutoDrafts:
         # source); schema texts are the schema's.
         self._sources: dict[str, DraftSource] = {}
         self._built_sources: dict[str, DraftSource] = {}
+        self._built_stops: dict[str, tuple[int, ...]] = {}
 
     @property
-    def schema(self) -> list[str]:
+    def schema(self) -> list[SchemaDraft]:
         return self._schema
 
     @schema.setter
-    def schema(self, texts: list[str]) -> None:
+    def schema(self, drafts: Sequence[SchemaDraft]) -> None:
         """The schema drafts (set once the request's tools are rendered)."""
         with self._lock:
-            self._schema = list(texts)
+            self._schema = list(drafts)
             self._version += 1
 
     @property
@@ -168,6 +171,12 @@ class AutoDrafts:
         with self._lock:
             return self._built_sources.get(candidate, "sidecar")
 
+    def stops_of(self, candidate: str) -> tuple[int, ...]:
+        """Where a draft from a candidate text `candidates` returned stops (a schema draft's
+        values)."""
+        with self._lock:
+            return self._built_stops.get(candidate, ())
+
     def no_call(self) -> None:
         """The sidecar expects a text answer: nothing is drafted before a call opens."""
         with self._lock:
@@ -190,10 +199,14 @@ class AutoDrafts:
         if cached is not None and cached[0] == key:
             return cached[1]
         prefix = text[: now.anchor]
-        texts = opening if now.kind == "open" else [*predicted, *schema]
+        texts = opening if now.kind == "open" else [*predicted, *(d.text for d in schema)]
         built = [prefix + t for t in dict.fromkeys(texts)]
+        stops = ({} if now.kind == "open" else
+                 {prefix + d.text: tuple(len(prefix) + at for at in d.stops)
+                  for d in schema if d.stops})
         with self._lock:
             self._cached = (key, built)
             self._built_sources = {prefix + t: self._sources.get(t, "schema")
                                    for t in dict.fromkeys(texts)}
+            self._built_stops = stops
         return built

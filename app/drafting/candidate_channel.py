@@ -13,7 +13,7 @@ draft nothing, which vLLM discards anyway.
 What crosses, once per engine step and in one exchange for all rows: the proposer names the
 requests it will read (`RemoteStore.begin_step`), each with the version of the copy it holds;
 the server answers with a snapshot of each request whose entry moved since (enabled flag,
-candidate texts and their sources, `realign`, and the auto-mode gate's state:
+candidate texts with their sources and value stops, `realign`, and the auto-mode gate's state:
 `auto_drafts.GateState`) and the requests that are gone. An unchanged request keeps its copy,
 the same objects as before, so the proposer's alignment keeps its place in the candidates; a
 changed gate is restored into the same copy, whose candidate lists are rebuilt only when its
@@ -54,6 +54,7 @@ class Snapshot:
     enabled: bool
     candidates: tuple[str, ...]
     candidate_sources: tuple[tuple[str, DraftSource], ...]
+    candidate_stops: tuple[tuple[str, tuple[int, ...]], ...]
     realign: bool
     sized: bool
     gate: GateState | None
@@ -65,7 +66,8 @@ def version_of(entry: RequestSpeculation) -> Version:
 
 def snapshot(entry: RequestSpeculation) -> Snapshot:
     return Snapshot(version_of(entry), entry.enabled, tuple(entry.candidates),
-                    tuple(entry.candidate_sources.items()), entry.realign, entry.sized,
+                    tuple(entry.candidate_sources.items()),
+                    tuple(entry.candidate_stops.items()), entry.realign, entry.sized,
                     entry.gate.state() if entry.gate is not None else None)
 
 
@@ -235,6 +237,7 @@ def _apply(found: Snapshot, copy: RequestSpeculation | None) -> RequestSpeculati
         candidates = copy.candidates  # the alignment's anchor refers to this list
     return RequestSpeculation(enabled=found.enabled, candidates=candidates,
                               candidate_sources=dict(found.candidate_sources),
+                              candidate_stops=dict(found.candidate_stops),
                               realign=found.realign, sized=found.sized, gate=gate)
 
 

@@ -198,7 +198,8 @@ class CandidateProposer:
             if anchor is not None:
                 text = candidates[anchor[0]]
                 source = entry.source_of(text)
-                proposals.append(Proposal(source, self._candidate_draft(text, anchor[1], budget)))
+                proposals.append(Proposal(source, self._candidate_draft(
+                    text, anchor[1], budget, entry.stops_of(text))))
                 sidecar = source == "sidecar"
         else:
             tracked.anchor = None
@@ -208,8 +209,8 @@ class CandidateProposer:
             other = tracked.locate_others(
                 piece, candidates, lambda c: entry.source_of(c) != "sidecar", entry.realign)
             if other is not None:
-                proposals.append(Proposal(entry.source_of(other[0]),
-                                          self._candidate_draft(other[0], other[1], budget)))
+                proposals.append(Proposal(entry.source_of(other[0]), self._candidate_draft(
+                    other[0], other[1], budget, entry.stops_of(other[0]))))
         else:
             tracked.others_anchor = None
         # The token matchers only where they could be chosen (or the sidecar's gain needs
@@ -238,11 +239,15 @@ class CandidateProposer:
         self.store.record_settled(req_id, pending.chosen.source, earned)
         tracked.pending = None
 
-    def _candidate_draft(self, candidate: str, position: int, k: int) -> list[int]:
+    def _candidate_draft(self, candidate: str, position: int, k: int,
+                         stops: tuple[int, ...] = ()) -> list[int]:
+        """Up to `k` tokens of `candidate` from `position`, to its next stop (where a value
+        the schema leaves open begins) or on to the end of the output."""
         assert self.tokenized is not None
-        ids = self.tokenized.draft(candidate, position, k)
+        stop = next((at for at in stops if at >= position), None)
+        ids = self.tokenized.draft(candidate, position, k, stop)
         # Past the end of the call comes the end of the output: draft that too.
-        if len(ids) < k and self.eos_token_id is not None:
+        if stop is None and len(ids) < k and self.eos_token_id is not None:
             ids = [*ids, self.eos_token_id]
         return ids
 

@@ -8,7 +8,7 @@ internal request id, which is also what the model runner's batch rows carry.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
@@ -40,6 +40,9 @@ class RequestSpeculation:
     gate: AutoDrafts | None = None
     # Which source each candidate text came from (drafts are counted per source).
     candidate_sources: dict[str, DraftSource] = field(default_factory=dict)
+    # Where a schema draft's values begin (app/formats/tool_format.py `value_stops`): a draft
+    # from the text stops there.
+    candidate_stops: dict[str, tuple[int, ...]] = field(default_factory=dict)
     # The tenant's earlier outputs (app/drafting/suffix_index.py); None: no suffix drafts.
     suffix: SuffixIndex | None = None
     sources: SourceTallies = field(default_factory=SourceTallies)
@@ -51,6 +54,12 @@ class RequestSpeculation:
         if self.gate is not None:
             return self.gate.source_of(candidate)
         return self.candidate_sources.get(candidate, "sidecar")
+
+    def stops_of(self, candidate: str) -> tuple[int, ...]:
+        """The offsets in `candidate` where a draft from it stops (its unknown values)."""
+        if self.gate is not None:
+            return self.gate.stops_of(candidate)
+        return self.candidate_stops.get(candidate, ())
 
 
 class ProposerStore(Protocol):
@@ -91,10 +100,11 @@ class CandidateStore:
                                                             sized=sized)
 
     def add_candidates(
-        self, request_id: str, candidates: list[str], source: DraftSource = "sidecar"
+        self, request_id: str, candidates: list[str], source: DraftSource = "sidecar",
+        stops: Mapping[str, tuple[int, ...]] | None = None,
     ) -> bool:
-        """Attach `source`'s candidates; False when the request is already gone
-        (finished/aborted)."""
+        """Attach `source`'s candidates (`stops`: where a draft from a text stops); False when
+        the request is already gone (finished/aborted)."""
         if self.prepare is not None:
             self.prepare(candidates)
         with self._lock:
@@ -105,6 +115,9 @@ class CandidateStore:
             entry.candidates = list(candidates) + entry.candidates
             for text in candidates:
                 entry.candidate_sources.setdefault(text, source)
+            for text, at in (stops or {}).items():
+                if at:
+                    entry.candidate_stops.setdefault(text, at)
             entry.version += 1
             return True
 

@@ -24,7 +24,7 @@ tokens from offset 6 follow.
 from __future__ import annotations
 
 import threading
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -114,17 +114,24 @@ class TokenizedCandidates:
                 self._remember(self._pieces, piece, found)
         return found
 
-    def draft(self, text: str, position: int, k: int) -> list[int]:
-        """Up to `k` tokens of `text` from character `position` on."""
+    def draft(self, text: str, position: int, k: int, stop: int | None = None) -> list[int]:
+        """Up to `k` tokens of `text` from character `position` on; with a `stop`, only the
+        tokens that end at or before it (a token across it is the model's to write)."""
         tokenized = self.get(text)
+        end = len(text) if stop is None else min(stop, len(text))
         if tokenized.starts is None:
-            return self._encode(text[position:])[:k]
-        index = bisect_left(tokenized.starts, position)
-        if index < len(tokenized.starts) and tokenized.starts[index] == position:
-            return tokenized.ids[index : index + k]
-        boundary = tokenized.starts[index] if index < len(tokenized.starts) else len(text)
+            return self._encode(text[position:end])[:k] if end > position else []
+        starts = tokenized.starts
+        # Token i ends where token i+1 starts: those before `whole` end by `end`.
+        whole = len(starts) if end == len(text) else bisect_right(starts, end, 1) - 1
+        index = bisect_left(starts, position)
+        if index < len(starts) and starts[index] == position:
+            return tokenized.ids[index : min(index + k, whole)]
+        boundary = starts[index] if index < len(starts) else len(text)
+        if boundary > end:
+            return []
         head = self.encode_piece(text[position:boundary])
-        return (head + tokenized.ids[index : index + k])[:k]
+        return (head + tokenized.ids[index : whole])[:k]
 
     def _remember(self, cache: OrderedDict, key: str, value: object) -> None:
         cache[key] = value

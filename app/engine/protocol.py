@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -22,7 +22,8 @@ class DraftStore(Protocol):
     """Where candidate texts wait for the proposer (`CandidateStore`)."""
 
     def add_candidates(
-        self, request_id: str, candidates: list[str], source: DraftSource = "sidecar"
+        self, request_id: str, candidates: list[str], source: DraftSource = "sidecar",
+        stops: Mapping[str, tuple[int, ...]] | None = None,
     ) -> bool: ...
 
     def set_gate(self, request_id: str, gate: AutoDrafts) -> bool: ...

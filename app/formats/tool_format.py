@@ -16,8 +16,11 @@ follows whichever variant the model's own tokens agree with.
 
 from __future__ import annotations
 
+import difflib
+import functools
 import json
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from app.formats.tool_formats import get_format
@@ -150,22 +153,60 @@ def render_tagged_variants(
     return list(dict.fromkeys(variants))
 
 
-def placeholder_call(tool: dict[str, Any]) -> ParsedCall:
+def placeholder_call(tool: dict[str, Any], alternate: bool = False) -> ParsedCall:
     """The tool's call with its required keys and a placeholder for every value.
 
     Drafted from the schema alone before any prediction arrives: the keys and punctuation
-    are what the main model will write; at each value the draft is rejected, and the proposer
-    picks the text up again at the next key (see `alignment.candidate_remainder`)."""
+    are what the main model will write; a draft stops where a value begins (`value_stops`),
+    and the proposer picks the text up again at the next key (see
+    `alignment.candidate_remainder`). `alternate`: other placeholders for the scalar values
+    (`value_stops` finds the values where the two renderings differ)."""
     return ParsedCall(
-        tool["function"]["name"], placeholder_object(tool["function"].get("parameters") or {})
+        tool["function"]["name"],
+        placeholder_object(tool["function"].get("parameters") or {}, alternate),
     )
 
 
-def placeholder_object(schema: dict[str, Any]) -> dict[str, Any]:
+def placeholder_object(schema: dict[str, Any], alternate: bool = False) -> dict[str, Any]:
     """An object with the schema's required keys, in its order, and a placeholder value each."""
     required = set(schema.get("required") or [])
     props = schema.get("properties") or {}
-    return {k: _placeholder(v) for k, v in props.items() if k in required}
+    return {k: _placeholder(v, alternate) for k, v in props.items() if k in required}
+
+
+@functools.lru_cache(maxsize=4096)
+def value_stops(text: str, alternate: str) -> tuple[int, ...]:
+    """Where in a placeholder rendering `text` the values begin that the schema does not fix:
+    the offsets where it and the same call rendered with the alternate placeholders
+    (`alternate`) part. Hand-written because no library knows which characters of a tool
+    call's text a schema leaves open, in every format's own syntax; diffing two renderings
+    asks the format itself.
+
+    >>> value_stops('{"city": "", "unit": "c"}', '{"city": "x", "unit": "c"}')
+    (10,)
+    >>> value_stops('<parameter=n>\\n0\\n</parameter>', '<parameter=n>\\n1\\n</parameter>')
+    (14,)
+    """
+    matcher = difflib.SequenceMatcher(None, text, alternate, autojunk=False)
+    return tuple(sorted({i1 for tag, i1, _, _, _ in matcher.get_opcodes() if tag != "equal"}))
+
+
+@dataclass(frozen=True)
+class SchemaDraft:
+    """A text drafted from a schema alone, and the offsets where its values begin: a draft
+    from it stops there (the model writes the value itself)."""
+
+    text: str
+    stops: tuple[int, ...] = ()
+
+
+def schema_drafts(texts: list[str], alternates: list[str]) -> list[SchemaDraft]:
+    """The renderings of placeholder values (`texts`) with their `value_stops` against the
+    same renderings with the alternate placeholders; no stops where the two do not pair up
+    one to one."""
+    if len(alternates) != len(texts):
+        return [SchemaDraft(t) for t in texts]
+    return [SchemaDraft(t, value_stops(t, a)) for t, a in zip(texts, alternates, strict=True)]
 
 
 def render_json_variants(value: Any, schema: dict[str, Any]) -> list[str]:
@@ -175,12 +216,18 @@ def render_json_variants(value: Any, schema: dict[str, Any]) -> list[str]:
     return list(dict.fromkeys(json.dumps(ordered, ensure_ascii=False, **s) for s in STYLES))
 
 
-def _placeholder(schema: dict[str, Any]) -> Any:
+def _placeholder(schema: dict[str, Any], alternate: bool = False) -> Any:
+    # An enum's first value stays in both renderings: often right, so drafted. Containers
+    # too: two styles that render `[]` alike would render `[0]` apart, and the variants of
+    # the two renderings must pair up.
     if "enum" in schema and schema["enum"]:
         return schema["enum"][0]
     kind = schema.get("type")
     if isinstance(kind, list):
         kind = kind[0] if kind else None
+    if alternate:
+        return {"string": "x", "number": 1, "integer": 1, "boolean": True, "array": [],
+                "object": {}}.get(str(kind), None)
     return {"string": "", "number": 0, "integer": 0, "boolean": False, "array": [],
             "object": {}}.get(str(kind), None)
 

@@ -42,6 +42,7 @@ from app.formats.structural_tag import (
 from app.formats.tool_format import (
     ParsedCall,
     ParsedOutput,
+    SchemaDraft,
     forced_output_schema,
     parse_forced,
     placeholder_call,
@@ -49,6 +50,7 @@ from app.formats.tool_format import (
     render_forced_variants,
     render_json_variants,
     render_tagged_variants,
+    schema_drafts,
 )
 from app.formats.tool_formats import get_format
 from app.formats.tool_formats.families import load_chat_template
@@ -150,6 +152,8 @@ class SourcedText(NamedTuple):
 
     text: str
     source: DraftSource
+    # Where a draft from the text stops: a schema draft's values (app/formats/tool_format.py).
+    stops: tuple[int, ...] = ()
 
 
 class CandidateFeed:
@@ -183,6 +187,10 @@ class CandidateFeed:
         """Candidates known before the start (past calls, schemas), behind earlier ones."""
         self.pending.extend(SourcedText(t, source) for t in texts)
 
+    def add_schema(self, drafts: list[SchemaDraft]) -> None:
+        """The schema drafts, behind earlier candidates."""
+        self.pending.extend(SourcedText(d.text, "schema", d.stops) for d in drafts)
+
     def add_prediction(self, rendered: list[str]) -> None:
         items = [SourcedText(t, "sidecar") for t in rendered]
         self.pending[:0] = items
@@ -196,29 +204,37 @@ class CandidateFeed:
         if self.request_id is None or self.prefix is None or not items:
             return
         # The store puts each batch in front of what it holds: the last run goes in first.
-        for source, texts in reversed(_runs(items)):
+        for source, run in reversed(_runs(items)):
             if self.auto is not None:
                 if source != "schema":  # the gate holds the schemas itself
-                    self.auto.predicted(texts, source)
+                    self.auto.predicted([item.text for item in run], source)
                 continue
-            if self.prefix:  # the model may or may not leave a blank line after its thoughts
-                texts = [self.prefix + sep + t for t in texts for sep in ("", "\n\n")]
-            self.store.add_candidates(self.request_id, texts, source)
+            # The model may or may not leave a blank line after its thoughts.
+            heads = [self.prefix + sep for sep in ("", "\n\n")] if self.prefix else [""]
+            texts: list[str] = []
+            stops: dict[str, tuple[int, ...]] = {}
+            for item in run:
+                for head in heads:
+                    texts.append(head + item.text)
+                    if item.stops:
+                        stops[head + item.text] = tuple(len(head) + at for at in item.stops)
+            self.store.add_candidates(self.request_id, texts, source, stops)
 
 
-def _runs(items: list[SourcedText]) -> list[tuple[DraftSource, list[str]]]:
+def _runs(items: list[SourcedText]) -> list[tuple[DraftSource, list[SourcedText]]]:
     """Consecutive texts of one source, in order.
 
-    >>> _runs([SourcedText("a", "history"), SourcedText("b", "history"),
-    ...        SourcedText("c", "schema")])
+    >>> [(source, [i.text for i in run]) for source, run in _runs([
+    ...     SourcedText("a", "history"), SourcedText("b", "history"),
+    ...     SourcedText("c", "schema")])]
     [('history', ['a', 'b']), ('schema', ['c'])]
     """
-    runs: list[tuple[DraftSource, list[str]]] = []
-    for text, source in items:
-        if runs and runs[-1][0] == source:
-            runs[-1][1].append(text)
+    runs: list[tuple[DraftSource, list[SourcedText]]] = []
+    for item in items:
+        if runs and runs[-1][0] == item.source:
+            runs[-1][1].append(item)
         else:
-            runs.append((source, [text]))
+            runs.append((item.source, [item]))
     return runs
 
 
@@ -509,23 +525,32 @@ class MainModelService:
             return render_forced_variants(calls, prepared.tools, prepared.request.named_tool)
         return self.format.render_variants(calls)
 
-    def schema_candidates(self, prepared: PreparedRequest) -> list[str]:
+    def schema_candidates(self, prepared: PreparedRequest) -> list[SchemaDraft]:
         """Keys and punctuation of every callable tool (or of the `response_format`
-        schema), known before any prediction. In auto mode they are written in the format's
-        call syntax and apply once the output opens a call (app/drafting/auto_drafts.py)."""
+        schema), known before any prediction, each with where its values begin (a draft
+        stops there; `ooo_spec.diagnostics.value_stops: false` drafts through them). In auto
+        mode they are written in the format's call syntax and apply once the output opens a
+        call (app/drafting/auto_drafts.py)."""
+        stopped = prepared.request.ooo_spec.diagnostics.value_stops
         schema = prepared.request.output_schema
         if schema is not None and prepared.mode not in ("required", "named"):
-            return render_json_variants(placeholder_object(schema), schema)
+            return schema_drafts(
+                render_json_variants(placeholder_object(schema), schema),
+                render_json_variants(placeholder_object(schema, alternate=True), schema)
+                if stopped else [])
         if prepared.mode not in ("required", "named", "auto"):
             return []
         tools = [
             t for t in prepared.tools
             if prepared.mode != "named" or t["function"]["name"] == prepared.request.named_tool
         ]
-        texts: list[str] = []
+        drafts: list[SchemaDraft] = []
         for tool in tools:
-            texts.extend(self.render_candidate(prepared, [placeholder_call(tool)]))
-        return texts
+            drafts.extend(schema_drafts(
+                self.render_candidate(prepared, [placeholder_call(tool)]),
+                self.render_candidate(prepared, [placeholder_call(tool, alternate=True)])
+                if stopped else []))
+        return drafts
 
     def auto_drafts(self, prepared: PreparedRequest) -> AutoDrafts | None:
         """The drafting state of a speculative `tool_choice: auto` chat request."""
@@ -631,7 +656,7 @@ class MainModelService:
             if auto is not None:
                 auto.schema = self.schema_candidates(prepared)
             else:
-                feed.add(self.schema_candidates(prepared), "schema")
+                feed.add_schema(self.schema_candidates(prepared))
         receiver = (asyncio.ensure_future(self.receive(feed, prepared, candidates, started,
                                                        trace_parent))
                     if candidates is not None else None)

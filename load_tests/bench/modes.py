@@ -77,6 +77,11 @@ register_mode("ooo:budget",
                             "diagnostics": {"draft_worth": False}}},
               "as `ooo`, every draft run to its budget (drafts not sized by their worth; the "
               "same as `ooo` unless the server sets speculation.draft_worth.enabled)")
+# What stopping schema drafts at the values is worth: `ooo` with them drafted through.
+register_mode("ooo:through",
+              {"ooo_spec": {"enabled": True, "pre_execute": False,
+                            "diagnostics": {"value_stops": False}}},
+              "as `ooo`, drafts from the schemas run on through the values they leave open")
 # The sidecar's own numbers: the response waits for its prediction, even a late one, so its
 # readiness and agreement with plain's call are measured on every case (latency not comparable).
 register_mode(SIDECAR, {"ooo_spec": {"enabled": True, "pre_execute": False,

@@ -11,6 +11,7 @@ import pytest
 from app.config import AppConfig
 from app.drafting.auto_drafts import AutoDrafts, Phase, phase
 from app.formats.reasoning import Reasoning
+from app.formats.tool_format import SchemaDraft
 from app.formats.tool_formats import ParsedCall, get_format
 from app.main_model.service import MainModelService, PreparedRequest
 from app.openai_models import ChatCompletionRequest
@@ -23,7 +24,8 @@ TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
     "type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}}}
 PARIS = [ParsedCall("get_weather", {"city": "Paris"})]
 CALL = HERMES.render(PARIS)  # <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>
-SCHEMA = [HERMES.render([ParsedCall("get_weather", {"city": ""})])]
+SCHEMA_TEXT = HERMES.render([ParsedCall("get_weather", {"city": ""})])
+SCHEMA = [SchemaDraft(SCHEMA_TEXT)]
 
 
 # ----- the phase, from the text so far ---------------------------------------------------
@@ -78,7 +80,7 @@ def test_predicted_calls_draft_from_the_first_token_schema_drafts_only_in_a_call
     gate.predicted([CALL])
     assert gate.candidates("") == [CALL]
     assert gate.candidates("<tool_") == [CALL]
-    assert gate.candidates("<tool_call>\n{") == [CALL, *SCHEMA]
+    assert gate.candidates("<tool_call>\n{") == [CALL, SCHEMA_TEXT]
 
 
 def test_a_text_answer_stops_drafting_and_stays_stopped() -> None:
@@ -97,7 +99,7 @@ def test_a_call_after_text_drafts_behind_the_text_written() -> None:
     text = "Sure, one moment.\n"
     assert gate.candidates(text) == []
     opened = gate.candidates(text + "<tool_call>")
-    assert opened == [text + CALL, text + SCHEMA[0]]
+    assert opened == [text + CALL, text + SCHEMA_TEXT]
     assert gate.candidates(text + '<tool_call>\n{"name"') is opened  # the proposer's list holds
 
 
@@ -107,7 +109,7 @@ def test_no_call_prediction_drafts_nothing_until_a_call_opens() -> None:
     gate.no_call()  # the sidecar expects text
     assert gate.candidates("") == []
     assert gate.candidates("<tool") == []
-    assert gate.candidates("<tool_call>") == [CALL, *SCHEMA]
+    assert gate.candidates("<tool_call>") == [CALL, SCHEMA_TEXT]
 
 
 def test_newer_predictions_come_first_and_reset_the_list() -> None:
@@ -137,11 +139,20 @@ def _prepared(fmt: str, tool_choice: Any = "auto", **extra: Any) -> tuple[MainMo
 def test_auto_schema_drafts_are_every_tool_in_the_format(fmt: str) -> None:
     main, prepared = _prepared(fmt)
     form = get_format(fmt)
-    texts = main.schema_candidates(prepared)
+    drafts = main.schema_candidates(prepared)
+    texts = [d.text for d in drafts]
     expected = [*form.render_variants([ParsedCall("get_weather", {"city": ""})]),
                 *form.render_variants([ParsedCall("get_time", {"zone": ""})])]
     assert texts == expected
     assert all(form.call_start(t) == 0 for t in texts)
+    # One open value each (the city, the zone): the draft stops where it begins.
+    calls = [ParsedCall("get_weather", {"city": "Paris"}), ParsedCall("get_time", {"zone": "UTC"})]
+    for draft in drafts:
+        [call] = [c for c in calls if c.name in draft.text]
+        [stop] = draft.stops
+        value = str(next(iter(call.arguments.values())))
+        assert any(r.startswith(draft.text[:stop] + value)
+                   for r in form.render_variants([call])), draft
 
 
 def test_hermes_auto_candidates_are_tool_call_blocks() -> None:

@@ -23,6 +23,7 @@ from app.drafting.candidate_channel import (
 )
 from app.drafting.candidate_proposer import CandidateProposer
 from app.drafting.candidate_store import CandidateStore
+from app.formats.tool_format import SchemaDraft, value_stops
 from app.formats.tool_formats import ParsedCall, get_format
 from tests.unit.test_candidate_proposer import CALL, PROMPT, Batch, decode, encode, tokenizer
 
@@ -107,23 +108,29 @@ def test_the_other_ranks_stay_unbound() -> None:
 HERMES = get_format("hermes")
 WEATHER_CALL = HERMES.render([ParsedCall("get_weather", {"city": "Paris"})])
 TIME_CALL = HERMES.render([ParsedCall("get_time", {"zone": "Europe/Lisbon"})])
-SCHEMA = [HERMES.render([ParsedCall("get_weather", {"city": ""})]),
-          HERMES.render([ParsedCall("get_time", {"zone": ""})])]
+# With their value stops, which cross to the output rank with the gate.
+SCHEMA = [SchemaDraft(HERMES.render([ParsedCall(name, {key: ""})]),
+                      value_stops(HERMES.render([ParsedCall(name, {key: ""})]),
+                                  HERMES.render([ParsedCall(name, {key: "x"})])))
+          for name, key in (("get_weather", "city"), ("get_time", "zone"))]
 # r0 calls what the sidecar predicts, which arrives after PREDICTED_AT steps (the call has
 # opened by then); r1 answers a little text, then calls a tool nobody predicted: schema drafts;
-# r2 is a forced call (no gate) drafted from its candidate.
-AUTO_OUTPUTS = [WEATHER_CALL, "Let me look.\n" + TIME_CALL, CALL]
+# r2 is a forced call (no gate) drafted from its candidate, r3 one drafted from its tool's
+# schema, up to the value (its stop crosses with the candidates).
+AUTO_OUTPUTS = [WEATHER_CALL, "Let me look.\n" + TIME_CALL, CALL, TIME_CALL]
 PREDICTED_AT = 3
 
 
 def fill(store: CandidateStore, gates: list[AutoDrafts]) -> None:
     """The replica's side: r0 and r1 in auto mode (their gates), r2 forced."""
-    r0, r1, r2 = (f"r{i}" for i in range(len(AUTO_OUTPUTS)))
-    for request_id in (r0, r1, r2):
+    r0, r1, r2, r3 = (f"r{i}" for i in range(len(AUTO_OUTPUTS)))
+    for request_id in (r0, r1, r2, r3):
         if store.get(request_id) is None:
             store.open(request_id, enabled=True)
     assert store.set_gate(r0, gates[0]) and store.set_gate(r1, gates[1])
     assert store.add_candidates(r2, [CALL], source="history")
+    schema = SCHEMA[1]
+    assert store.add_candidates(r3, [schema.text], "schema", {schema.text: schema.stops})
 
 
 def run_auto(batch: Batch, predict: Any) -> list[list[str]]:

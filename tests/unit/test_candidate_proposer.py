@@ -97,6 +97,28 @@ def test_drafts_pick_the_candidate_up_again_after_another_value() -> None:
     assert any(t.startswith('celsius"') or t.startswith(' "celsius') for t in texts), texts
 
 
+def test_a_schema_draft_stops_at_each_value_and_picks_up_after_it() -> None:
+    """The schema's text with a stop at the city's value (the unit's enum value is drafted):
+    no draft reaches into a value, none at the value itself, and after it the rest (the
+    unit's key and enum value) is drafted; no end of output is drafted at a stop."""
+    schema = CALL.replace("Paris", "")
+    stop = schema.index('"city": "') + len('"city": "')
+    batch = Batch([encode(CALL)], k=8)
+    batch.store.add_candidates("r0", [schema], "schema", {schema: (stop,)})
+    eos = tokenizer().eos_token_id
+    texts = []
+    while batch.done[0] < len(batch.outputs[0]):
+        written = decode(batch.outputs[0][: batch.done[0] + 1])
+        draft = batch.step([1])[0]
+        texts.append(decode(draft))
+        if len(written) < stop:
+            assert eos not in draft and schema[:stop].startswith(written + decode(draft)), (
+                written, decode(draft))
+    assert "Paris" not in "".join(texts)
+    assert any("celsius" in t for t in texts), texts
+    assert batch.store.get("r0").sources.of("schema").drafted_tokens > 0
+
+
 def test_a_row_whose_drafts_are_rejected_pauses_and_resumes() -> None:
     wrong = CALL.replace("get_weather", "get_time")
     policy = DraftPolicy(k=4, reject_streak=2, pause_steps=3)

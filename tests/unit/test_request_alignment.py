@@ -80,6 +80,33 @@ def test_a_draft_is_the_rest_of_the_text(text: str, data: st.DataObject) -> None
     assert tok.decode(candidates_of(tok).draft(text, position, 64)) == text[position:]
 
 
+def test_a_stop_ends_the_draft_before_the_token_across_it() -> None:
+    """Candidate `{"city": "", ...}` with a stop at the value (offset 10): from the start
+    the draft is `{"` `city` `":` ` "`; the token across the stop is left out, and a
+    position at the stop drafts nothing."""
+    tok = Greedy()
+    text = '{"city": ""}'
+    tokenized = candidates_of(tok)
+    assert tok.decode(tokenized.draft(text, 0, 16, stop=10)) == '{"city": "'
+    assert tok.decode(tokenized.draft(text, 0, 16, stop=9)) == '{"city":'  # ` "` crosses 9
+    assert tokenized.draft(text, 10, 16, stop=10) == []
+    assert tok.decode(tokenized.draft(text, 4, 16, stop=10)) == 'ty": "'  # inside `city`
+    assert tokenized.draft(text, 8, 16, stop=9) == []  # inside the token across the stop
+
+
+@given(st.text(alphabet='{}": ,ciyPars', max_size=24), st.data())
+def test_a_stopped_draft_is_the_text_up_to_the_last_whole_token_before_the_stop(
+    text: str, data: st.DataObject
+) -> None:
+    tok = Greedy()
+    position = data.draw(st.integers(0, len(text)))
+    stop = data.draw(st.integers(position, len(text)))
+    drafted = tok.decode(candidates_of(tok).draft(text, position, 64, stop))
+    assert text[position:stop].startswith(drafted)
+    whole = candidates_of(tok).draft(text, position, 64)
+    assert tok.decode(whole).startswith(drafted)
+
+
 def test_advance_decodes_only_the_new_tokens() -> None:
     tok = Greedy()
     seen: list[list[int]] = []

@@ -25,7 +25,7 @@ import pytest
 
 from app.formats.output_stream import OutputStream
 from app.formats.reasoning import Reasoning
-from app.formats.tool_format import placeholder_call
+from app.formats.tool_format import placeholder_call, schema_drafts
 from app.formats.tool_formats import ParsedCall, VllmFormat, get_format
 from app.formats.tool_formats.families import FAMILIES
 from app.formats.tool_formats.vllm_parsing import (
@@ -155,6 +155,30 @@ def test_schema_drafts_are_the_formats_text(name: str) -> None:
     assert drafts
     for text in drafts:
         assert [c.name for c in fmt.parse(text, [tool]).calls] == ["get_weather"]
+
+
+OPEN = {"type": "object", "required": ["city", "days", "metric", "unit"], "properties": {
+    "city": {"type": "string"}, "days": {"type": "integer"}, "metric": {"type": "boolean"},
+    "unit": {"type": "string", "enum": ["c", "f"]}}}
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_schema_drafts_stop_where_each_open_value_begins(name: str) -> None:
+    """A schema draft stops at each value the schema leaves open (three here; the enum's first
+    value is drafted) and nowhere else: up to the first stop it is the text of any call of
+    the tool, one character more and it is the placeholder's."""
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": OPEN}}
+    fmt = family_format(name)
+    drafts = schema_drafts(fmt.render_variants([placeholder_call(tool)]),
+                           fmt.render_variants([placeholder_call(tool, alternate=True)]))
+    real = fmt.render_variants([ParsedCall("get_weather", {
+        "city": "Paris", "days": 3, "metric": True, "unit": "c"})])
+    assert drafts and len(real) == len(drafts)
+    for draft, text in zip(drafts, real, strict=True):
+        assert len(draft.stops) == 3, draft
+        first = draft.stops[0]
+        assert text.startswith(draft.text[:first]), (draft, text)
+        assert not text.startswith(draft.text[:first + 1]), (draft, text)
 
 
 def token_pieces(name: str, text: str) -> list[tuple[str, list[int]]]:
