@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from typing import Any
 
 import pytest
@@ -145,39 +145,43 @@ def _wrong_tool(call: ParsedCall) -> ParsedCall:
                                            "to_currency": "USD"})
 
 
-@pytest.mark.parametrize("text", PROMPTS)
-async def test_forced_calls_are_token_identical(engine: VllmEngine, text: str) -> None:
-    prompt = _prompt(engine, text)
+async def test_forced_calls_are_token_identical(engine: VllmEngine) -> None:
+    """Every prompt's forced call with seven kinds of candidates (right, wrong tool, wrong
+    argument with and without re-alignment, arriving mid-call, wrong then right, none), all
+    side by side in batches as a server decodes them: token-identical to plain decoding."""
     sampling = {"max_tokens": 96, "temperature": 0.0,
                 "structured_json": forced_output_schema(TOOLS, None)}
-    plain, plain_steps = await _run(engine, prompt, sampling, False, [])
-    output = engine.tokenizer.decode(plain[:-1] if plain[-1] == engine.eos_token_id else plain)
-    right = parse_forced(output, None).calls
+    prompts = [_prompt(engine, text) for text in PROMPTS]
+    plains = await asyncio.gather(*(_run(engine, p, sampling, False, []) for p in prompts))
 
     def render(calls: list[ParsedCall]) -> list[str]:
         return render_forced_variants(calls, TOOLS, None)
 
-    # (candidates, given after this many passes, re-alignment after a divergence on)
-    scenarios: dict[str, tuple[list[str], int, bool]] = {
-        "right": (render(right), 0, True),
-        "wrong tool": (render([_wrong_tool(right[0])]), 0, True),
-        "wrong argument": (render([_wrong_argument(right[0])]), 0, True),
-        "wrong argument, no re-alignment": (render([_wrong_argument(right[0])]), 0, False),
-        "right, arrives mid-call": (render(right), max(1, plain_steps // 3), True),
-        "wrong then right": (render([_wrong_argument(right[0])]) + render(right), 0, True),
-        "no candidate": ([], 0, True),
-    }
-    # Side by side in one batch, as a server decodes them.
-    results = await asyncio.gather(*(
-        _run(engine, prompt, sampling, True, candidates, after, realign)
-        for candidates, after, realign in scenarios.values()))
-    steps_by_scenario = {}
-    for name, (tokens, steps) in zip(scenarios, results, strict=True):
-        assert tokens == plain, f"{text!r}, {name}: output differs from plain decoding"
-        steps_by_scenario[name] = steps
+    runs: list[tuple[int, str, Coroutine[Any, Any, tuple[list[int], int]]]] = []
+    for i, (prompt, (plain, plain_steps)) in enumerate(zip(prompts, plains, strict=True)):
+        ended = plain[:-1] if plain[-1] == engine.eos_token_id else plain
+        right = parse_forced(engine.tokenizer.decode(ended), None).calls
+        # (candidates, given after this many passes, re-alignment after a divergence on)
+        scenarios: dict[str, tuple[list[str], int, bool]] = {
+            "right": (render(right), 0, True),
+            "wrong tool": (render([_wrong_tool(right[0])]), 0, True),
+            "wrong argument": (render([_wrong_argument(right[0])]), 0, True),
+            "wrong argument, no re-alignment": (render([_wrong_argument(right[0])]), 0, False),
+            "right, arrives mid-call": (render(right), max(1, plain_steps // 3), True),
+            "wrong then right": (render([_wrong_argument(right[0])]) + render(right), 0, True),
+            "no candidate": ([], 0, True),
+        }
+        runs += [(i, name, _run(engine, prompt, sampling, True, candidates, after, realign))
+                 for name, (candidates, after, realign) in scenarios.items()]
+    results = await asyncio.gather(*(run for _, _, run in runs))
+    steps: dict[tuple[int, str], int] = {}
+    for (i, name, _), (tokens, n) in zip(runs, results, strict=True):
+        assert tokens == plains[i][0], f"{PROMPTS[i]!r}, {name}: output differs from plain"
+        steps[i, name] = n
     # A right candidate can only save passes, never add any.
-    assert steps_by_scenario["right"] <= plain_steps, steps_by_scenario
-    assert steps_by_scenario["right, arrives mid-call"] <= plain_steps, steps_by_scenario
+    for i, (_, plain_steps) in enumerate(plains):
+        assert steps[i, "right"] <= plain_steps, (PROMPTS[i], steps)
+        assert steps[i, "right, arrives mid-call"] <= plain_steps, (PROMPTS[i], steps)
 
 
 async def test_right_candidates_cut_forward_passes(engine: VllmEngine) -> None:
@@ -200,16 +204,18 @@ async def test_right_candidates_cut_forward_passes(engine: VllmEngine) -> None:
         plain_steps, spec_steps)
 
 
-@pytest.mark.parametrize("text", PROMPTS[:4])
-async def test_free_decoding_is_token_identical(engine: VllmEngine, text: str) -> None:
-    """`tool_choice: auto`: no grammar, the candidate is the `<tool_call>` text."""
-    prompt = _prompt(engine, text)
+async def test_free_decoding_is_token_identical(engine: VllmEngine) -> None:
+    """`tool_choice: auto`: no grammar, the candidate is the `<tool_call>` text (or none);
+    four prompts side by side."""
     sampling = {"max_tokens": 64, "temperature": 0.0}
-    plain, _ = await _run(engine, prompt, sampling, False, [])
+    prompts = [_prompt(engine, text) for text in PROMPTS[:4]]
+    plains = await asyncio.gather(*(_run(engine, p, sampling, False, []) for p in prompts))
     guess = render_free([ParsedCall("get_weather", {"city": "Paris"})])
-    for tokens, _ in await asyncio.gather(*(_run(engine, prompt, sampling, True, candidates)
-                                            for candidates in ([guess], []))):
-        assert tokens == plain
+    runs = [(i, candidates) for i in range(len(prompts)) for candidates in ([guess], [])]
+    results = await asyncio.gather(*(_run(engine, prompts[i], sampling, True, candidates)
+                                     for i, candidates in runs))
+    for (i, candidates), (tokens, _) in zip(runs, results, strict=True):
+        assert tokens == plains[i][0], (PROMPTS[i], candidates)
 
 
 async def test_disabled_request_gets_no_drafts(engine: VllmEngine) -> None:
@@ -340,24 +346,27 @@ async def test_drafting_off_in_a_full_batch_and_on_again_is_lossless(engine: Vll
     assert speculation is not None and speculation.drafted_tokens > 0
 
 
-@pytest.mark.parametrize("text", PROMPTS[:4])
-async def test_bounded_whitespace_grammar_is_lossless(engine: VllmEngine, text: str) -> None:
+async def test_bounded_whitespace_grammar_is_lossless(engine: VllmEngine) -> None:
     """The served grammar (whitespace bounded, app/formats/json_grammar.py): a right, a wrong
-    and no candidate leave the output token-identical to plain decoding under it."""
-    prompt = _prompt(engine, text)
+    and no candidate leave the output token-identical to plain decoding under it; four
+    prompts side by side."""
     sampling = {"max_tokens": 96, "temperature": 0.0,
                 "structured_grammar": bounded_whitespace_grammar(
                     forced_output_schema(TOOLS, None), 32)}
-    plain, plain_steps = await _run(engine, prompt, sampling, False, [])
-    output = engine.tokenizer.decode(plain[:-1] if plain[-1] == engine.eos_token_id else plain)
-    right = parse_forced(output, None).calls
-    for tokens, steps in await asyncio.gather(*(
-            _run(engine, prompt, sampling, True, candidates)
-            for candidates in (render_forced_variants(right, TOOLS, None),
-                               render_forced_variants([_wrong_argument(right[0])], TOOLS, None),
-                               []))):
-        assert tokens == plain, f"{text!r}: output differs from plain decoding"
-        assert steps <= plain_steps  # a verified pass commits at least one token
+    prompts = [_prompt(engine, text) for text in PROMPTS[:4]]
+    plains = await asyncio.gather(*(_run(engine, p, sampling, False, []) for p in prompts))
+    runs: list[tuple[int, list[str]]] = []
+    for i, (plain, _) in enumerate(plains):
+        ended = plain[:-1] if plain[-1] == engine.eos_token_id else plain
+        right = parse_forced(engine.tokenizer.decode(ended), None).calls
+        runs += [(i, candidates) for candidates in (
+            render_forced_variants(right, TOOLS, None),
+            render_forced_variants([_wrong_argument(right[0])], TOOLS, None), [])]
+    results = await asyncio.gather(*(_run(engine, prompts[i], sampling, True, candidates)
+                                     for i, candidates in runs))
+    for (i, _), (tokens, steps) in zip(runs, results, strict=True):
+        assert tokens == plains[i][0], f"{PROMPTS[i]!r}: output differs from plain decoding"
+        assert steps <= plains[i][1]  # a verified pass commits at least one token
 
 
 CITY = {"type": "object", "properties": {
@@ -596,11 +605,14 @@ async def test_suffix_source_is_lossless(engine: VllmEngine) -> None:
             assert final.token_ids == plain[text], f"{text!r}: differs from plain decoding"
             accepted[round_][text] = final.main.accepted_tokens
             from_suffix[round_] += final.main.sources.suffix.accepted_tokens
-    # The tenant's own earlier output of the same question drafts it: each call accepts more
-    # than the first time, and the suffix source's share grows. (Per call the suffix tally
-    # alone may not: schema drafts win some steps it would have won.)
+    # The tenant's own earlier output of the same question drafts it: no call accepts less
+    # than the first time, the round accepts more, and the suffix source's share grows. (A
+    # call whose first time already drew on an earlier call of the same tool may have been
+    # near its whole output then: 44 of 51 tokens in 7 passes, say. Per call the suffix
+    # tally alone may not grow: schema drafts win some steps it would have won.)
     for text in PROMPTS:
-        assert accepted[2][text] > accepted[1][text], (text, accepted)
+        assert accepted[2][text] >= accepted[1][text], (text, accepted)
+    assert sum(accepted[2].values()) > sum(accepted[1].values()), accepted
     assert from_suffix[2] > from_suffix[1] * 1.2, from_suffix
     assert service.suffixes.of("tenant-a").tokens > 0
     assert service.suffixes.of("anonymous").tokens == 0

@@ -5,7 +5,7 @@ drafts offered to it. No vLLM, no tokenizer."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 from app.config import SpeculationConfig
@@ -21,12 +21,15 @@ class RecordingStore:
         self.added: list[tuple[str, list[str]]] = []
         self.gates: list[tuple[str, AutoDrafts]] = []
         self.sources: list[tuple[str, DraftSource]] = []
+        self.stops: dict[str, tuple[int, ...]] = {}
         self.suffixes: list[tuple[str, SuffixIndex]] = []
         self.filled = asyncio.Event()
 
     def add_candidates(self, request_id: str, candidates: list[str],
-                       source: DraftSource = "sidecar") -> bool:
+                       source: DraftSource = "sidecar",
+                       stops: Mapping[str, tuple[int, ...]] | None = None) -> bool:
         self.added.append((request_id, candidates))
+        self.stops.update(stops or {})
         self.sources.extend((text, source) for text in candidates)
         self.filled.set()
         return True

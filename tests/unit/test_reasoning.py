@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from functools import cache
 from typing import Any
 
@@ -91,7 +91,8 @@ class _Store:
         self.predicted = asyncio.Event()
 
     def add_candidates(self, request_id: str, texts: list[str],
-                       source: DraftSource = "sidecar") -> bool:
+                       source: DraftSource = "sidecar",
+                       stops: Mapping[str, tuple[int, ...]] | None = None) -> bool:
         raise AssertionError("auto mode drafts through its gate")
 
     def set_suffix(self, request_id: str, index: SuffixIndex) -> bool:

@@ -210,8 +210,10 @@ async def test_the_main_model_forces_hermes_calls_in_their_own_format() -> None:
     assert [(c.name, c.arguments) for c in result.calls] == [("get_weather", {"city": "Paris"})]
     assert result.content is None
     drafted = [text for _, texts in engine.store.added for text in texts]
-    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": ""}}\n</tool_call>' \
-        in drafted
+    schema = '<tool_call>\n{"name": "get_weather", "arguments": {"city": ""}}\n</tool_call>'
+    assert schema in drafted
+    # Its draft stops at the city's value, which the schema leaves open.
+    assert engine.store.stops[schema] == (schema.index('""') + 1,)
 
     engine = FakeEngine(['[{"name": "get_weather", "arguments": {"city": "Paris"}}]'])
     service = main_service(engine, main={"engine": {"tool_structural_tags": False}})
