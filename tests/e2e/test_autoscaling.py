@@ -216,7 +216,7 @@ class Sampler:
 
 def autoscaled(session: dict[str, Any]) -> dict[str, Any]:
     """The session's Serve config with local-autoscale.yaml's `deployments:` entries (the
-    session's other entries, e.g. the n-gram baseline, stay)."""
+    session's other entries stay)."""
     with open(AUTOSCALE) as f:
         (app,) = yaml.safe_load(f)["applications"]
     entries = {e["name"]: e for e in app["deployments"]}
