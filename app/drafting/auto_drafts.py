@@ -201,9 +201,8 @@ class AutoDrafts:
         prefix = text[: now.anchor]
         texts = opening if now.kind == "open" else [*predicted, *(d.text for d in schema)]
         built = [prefix + t for t in dict.fromkeys(texts)]
-        stops = ({} if now.kind == "open" else
-                 {prefix + d.text: tuple(len(prefix) + at for at in d.stops)
-                  for d in schema if d.stops})
+        moved = [] if now.kind == "open" else [d.behind(prefix) for d in schema if d.stops]
+        stops = {d.text: d.stops for d in moved}
         with self._lock:
             self._cached = (key, built)
             self._built_sources = {prefix + t: self._sources.get(t, "schema")

@@ -199,6 +199,10 @@ class SchemaDraft:
     text: str
     stops: tuple[int, ...] = ()
 
+    def behind(self, prefix: str) -> SchemaDraft:
+        """The same draft written after `prefix` (its stops move with the text)."""
+        return SchemaDraft(prefix + self.text, tuple(len(prefix) + at for at in self.stops))
+
 
 def schema_drafts(texts: list[str], alternates: list[str]) -> list[SchemaDraft]:
     """The renderings of placeholder values (`texts`) with their `value_stops` against the

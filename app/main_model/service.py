@@ -8,11 +8,12 @@ streams events while candidates may arrive at any time through `candidates` (an 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
@@ -211,14 +212,10 @@ class CandidateFeed:
                 continue
             # The model may or may not leave a blank line after its thoughts.
             heads = [self.prefix + sep for sep in ("", "\n\n")] if self.prefix else [""]
-            texts: list[str] = []
-            stops: dict[str, tuple[int, ...]] = {}
-            for item in run:
-                for head in heads:
-                    texts.append(head + item.text)
-                    if item.stops:
-                        stops[head + item.text] = tuple(len(head) + at for at in item.stops)
-            self.store.add_candidates(self.request_id, texts, source, stops)
+            drafts = [SchemaDraft(item.text, item.stops).behind(head)
+                      for item in run for head in heads]
+            self.store.add_candidates(self.request_id, [d.text for d in drafts], source,
+                                      {d.text: d.stops for d in drafts if d.stops})
 
 
 def _runs(items: list[SourcedText]) -> list[tuple[DraftSource, list[SourcedText]]]:
@@ -532,25 +529,28 @@ class MainModelService:
         mode they are written in the format's call syntax and apply once the output opens a
         call (app/drafting/auto_drafts.py)."""
         stopped = prepared.request.ooo_spec.diagnostics.value_stops
+
+        def drafts(render: Callable[[bool], list[str]]) -> list[SchemaDraft]:
+            """`render(alternate)`'s texts, with their stops unless switched off."""
+            texts = render(False)
+            return schema_drafts(texts, render(True)) if stopped else [
+                SchemaDraft(t) for t in texts]
+
         schema = prepared.request.output_schema
         if schema is not None and prepared.mode not in ("required", "named"):
-            return schema_drafts(
-                render_json_variants(placeholder_object(schema), schema),
-                render_json_variants(placeholder_object(schema, alternate=True), schema)
-                if stopped else [])
+            return drafts(lambda alternate: render_json_variants(
+                placeholder_object(schema, alternate), schema))
         if prepared.mode not in ("required", "named", "auto"):
             return []
         tools = [
             t for t in prepared.tools
             if prepared.mode != "named" or t["function"]["name"] == prepared.request.named_tool
         ]
-        drafts: list[SchemaDraft] = []
-        for tool in tools:
-            drafts.extend(schema_drafts(
-                self.render_candidate(prepared, [placeholder_call(tool)]),
-                self.render_candidate(prepared, [placeholder_call(tool, alternate=True)])
-                if stopped else []))
-        return drafts
+
+        def calls(tool: dict[str, Any], alternate: bool) -> list[str]:
+            return self.render_candidate(prepared, [placeholder_call(tool, alternate)])
+
+        return [d for tool in tools for d in drafts(functools.partial(calls, tool))]
 
     def auto_drafts(self, prepared: PreparedRequest) -> AutoDrafts | None:
         """The drafting state of a speculative `tool_choice: auto` chat request."""

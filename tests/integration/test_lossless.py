@@ -129,6 +129,12 @@ async def _run(
     return tokens, steps
 
 
+def _plain_calls(engine: VllmEngine, plain: list[int]) -> list[ParsedCall]:
+    """The forced calls plain decoding wrote (its end-of-text token left out)."""
+    ended = plain[:-1] if plain[-1] == engine.eos_token_id else plain
+    return parse_forced(engine.tokenizer.decode(ended), None).calls
+
+
 def _wrong_argument(call: ParsedCall) -> ParsedCall:
     args = dict(call.arguments)
     key = next(iter(args))
@@ -159,8 +165,7 @@ async def test_forced_calls_are_token_identical(engine: VllmEngine) -> None:
 
     runs: list[tuple[int, str, Coroutine[Any, Any, tuple[list[int], int]]]] = []
     for i, (prompt, (plain, plain_steps)) in enumerate(zip(prompts, plains, strict=True)):
-        ended = plain[:-1] if plain[-1] == engine.eos_token_id else plain
-        right = parse_forced(engine.tokenizer.decode(ended), None).calls
+        right = _plain_calls(engine, plain)
         # (candidates, given after this many passes, re-alignment after a divergence on)
         scenarios: dict[str, tuple[list[str], int, bool]] = {
             "right": (render(right), 0, True),
@@ -357,8 +362,7 @@ async def test_bounded_whitespace_grammar_is_lossless(engine: VllmEngine) -> Non
     plains = await asyncio.gather(*(_run(engine, p, sampling, False, []) for p in prompts))
     runs: list[tuple[int, list[str]]] = []
     for i, (plain, _) in enumerate(plains):
-        ended = plain[:-1] if plain[-1] == engine.eos_token_id else plain
-        right = parse_forced(engine.tokenizer.decode(ended), None).calls
+        right = _plain_calls(engine, plain)
         runs += [(i, candidates) for candidates in (
             render_forced_variants(right, TOOLS, None),
             render_forced_variants([_wrong_argument(right[0])], TOOLS, None), [])]

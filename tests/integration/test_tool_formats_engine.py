@@ -131,13 +131,9 @@ async def test_forced_calls_through_the_structural_tag_are_lossless(
     for i, case in enumerate(cases):
         runs.append((i, True, None))
         specs.append(await service.complete(service.prepare(request(case, True))))
-    tallies: dict[str, list[int]] = {}
     for (i, _, _), spec in zip(runs, specs, strict=True):
         assert spec.token_ids == plains[i].token_ids, (name, cases[i], spec.text, plains[i].text)
-        for source, tally in spec.main.sources.model_dump().items():
-            sums = tallies.setdefault(source, [0, 0])
-            sums[0] += tally["drafted_tokens"]
-            sums[1] += tally["accepted_tokens"]
+    tallies = _tallies(specs)
     print(f"{name}: drafted/accepted tokens per source {tallies}")
     for source in ("schema", "sidecar", "history"):
         assert tallies[source][1] > 0, (source, tallies)
@@ -188,6 +184,17 @@ async def test_marked_family_forced_calls_are_lossless(marked_engine: VllmEngine
         plain.text
 
 
+def _tallies(results: list[Any]) -> dict[str, list[int]]:
+    """[drafted, accepted] tokens per draft source, summed over `results`."""
+    tallies: dict[str, list[int]] = {}
+    for result in results:
+        for source, tally in result.main.sources.model_dump().items():
+            sums = tallies.setdefault(source, [0, 0])
+            sums[0] += tally["drafted_tokens"]
+            sums[1] += tally["accepted_tokens"]
+    return tallies
+
+
 async def _forced_family_calls_are_lossless(engine: VllmEngine, name: str) -> Any:
     """Plain decoding's forced call in the family's format, and the same tokens with history
     and schema drafts and with the sidecar's prediction; returns plain decoding's result."""
@@ -228,17 +235,13 @@ async def _forced_family_calls_are_lossless(engine: VllmEngine, name: str) -> An
         # batch, then history again (the first history run records the call, the second
         # drafts it): the suffix source off, as its match on plain's output would win every
         # step.
-        tallies: dict[str, list[int]] = {}
         specs = list(await asyncio.gather(*(
             service.complete(service.prepare(request(True, history)), prediction)
             for history, prediction in ((False, None), (False, predicted()), (True, None)))))
         specs.append(await service.complete(service.prepare(request(True, True))))
         for spec in specs:
             assert spec.token_ids == plain.token_ids, (name, spec.text, plain.text)
-            for source, tally in spec.main.sources.model_dump().items():
-                sums = tallies.setdefault(source, [0, 0])
-                sums[0] += tally["drafted_tokens"]
-                sums[1] += tally["accepted_tokens"]
+        tallies = _tallies(specs)
         print(f"{name}: {plain.text!r}\n  drafted/accepted tokens per source {tallies}")
         # History keeps the calls of finished turns only; minimax_m2: the 135M model's call
         # runs off into a misspelt parameter tag until max_tokens, so a prediction of the call
