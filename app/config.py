@@ -420,8 +420,9 @@ class SpeculationConfig(_Strict):
     )
     sidecar_start_timeout_s: float = Field(
         3.0, gt=0,
-        description="How long the router waits for the sidecar call to reach a replica (all "
-        "busy, or one restarting) before the main model decodes without it (sidecar_error).",
+        description="How long the main replica waits, beside its prefill, for its sidecar call "
+        "to reach a sidecar replica (all busy, or one restarting) before it gives the "
+        "prediction up (sidecar_error).",
     )
     history: HistoryConfig = Field(default_factory=lambda: HistoryConfig())
     suffix: SuffixConfig = Field(default_factory=lambda: SuffixConfig())

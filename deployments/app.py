@@ -67,12 +67,14 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     # Every deployment but the router gets the config without `auth`: API keys reach the
     # router only (and stay out of the engines' logs and errors).
     shared = config.model_dump(mode="json", exclude={"auth"})
-    main = _deployment(MainModel, None, config.main.engine.tensor_parallel_size).bind(shared)
     sidecar = (
         _deployment(Sidecar, None, config.sidecar.engine.tensor_parallel_size).bind(shared)
         if config.sidecar.enabled
         else None
     )
+    # The main replicas call the sidecar themselves, beside their prefill (main_model.py).
+    main = _deployment(MainModel, None, config.main.engine.tensor_parallel_size).bind(
+        shared, None, sidecar)
     tool_worker = _deployment(ToolWorker).bind(shared)
     # The same deployment class under its own name, so it scales and is placed on its own.
     main_ngram = (

@@ -24,10 +24,10 @@ import importlib.metadata
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator
+from dataclasses import dataclass
 from typing import Any
 
-import ray
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -47,8 +47,7 @@ from app.api.pre_execution import ToolPolicy
 from app.api.request_flow import Incoming, JsonReply, Reply, RequestFlow
 from app.api.sidecar_gate import SidecarGate
 from app.config import ROUTER_MAX_ONGOING_REQUESTS, load_config
-from app.speculation.prediction import Prediction
-from app.speculation.turn import TurnError, TurnEvent
+from app.speculation.turn import SidecarCalled, TurnError, TurnEvent
 from app.tools.registry import DEFAULT_TIMEOUT_S, ToolResult, ToolSpec
 from deployments.metrics import ServeMetrics
 
@@ -178,15 +177,46 @@ def _http(reply: Reply) -> JSONResponse | StreamingResponse:
     return ClosingStream(reply.chunks, reply.close, media_type="text/event-stream")
 
 
-async def _release_on_arrival(ref: Any, release: Callable[[], None]) -> None:
-    """Count the sidecar call as pending until its prediction arrives (or fails, or is
-    cancelled at the turn's end, which releases it too)."""
-    try:
-        await ref
-    except BaseException:  # any end of the call (answer, error, cancelled) ends its wait
-        pass
-    finally:
-        release()
+@dataclass(frozen=True)
+class SidecarRelay:
+    """The router's end of a sidecar call the main replica makes: `ref` gets the call's
+    `ObjectRef` when the main call's stream hands it over (`SidecarCalled`)."""
+
+    ref: asyncio.Future[Any]
+
+    def called(self, ref: Any) -> None:
+        if not self.ref.done():
+            self.ref.set_result(ref)
+
+    def never_called(self) -> None:
+        """The main call ended without handing the call over: nothing will come."""
+        self.ref.cancel()
+
+    async def prediction(self, release: Callable[[], None]) -> Any:
+        """The sidecar's `Prediction` dict; the call counts as pending (`release` not yet
+        called) until it arrives, fails, or is cancelled at the turn's end."""
+        try:
+            return await (await self.ref)
+        finally:
+            release()
+
+
+class _Shared:
+    """A task several awaiters share (pre-execution and the report): each `await` is its own
+    future, so one awaiter cancelled does not cancel the task for the others, as with an
+    `ObjectRef`."""
+
+    def __init__(self, task: asyncio.Future[Any]) -> None:
+        self.task = task
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return asyncio.shield(self.task).__await__()
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    """A prediction nobody awaited that failed is not an error to log: the turn reports it."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _router_capacity() -> int:
@@ -356,58 +386,48 @@ class Router:
         return int(result)
 
     async def _start_sidecar(self, payload: dict[str, Any]) -> SidecarStart | None:
+        """Admit a sidecar call for this turn, or refuse it (no token) when the gate finds too
+        many pending. Nothing is awaited here: the main replica makes the call beside its own
+        prefill (deployments/main_model.py), and its `ObjectRef` comes back through the main
+        call's stream (`_main_events`) to `relay`."""
         if self.sidecar is None:
             return None
         release = self.sidecar_gate.admit()
         if release is None:
             # Queued behind the pending ones, the prediction would come too late to draft.
-            # No token: the main call goes exactly as with the sidecar off (nothing put in the
-            # object store, no prediction for the main replica to wait on).
+            # No token: the main call goes exactly as with the sidecar off (no sidecar call,
+            # no prediction for the main replica to wait on).
             return SidecarStart(token=None)
-        response: Any = self.sidecar.predict.remote(payload)
-        try:
-            # Waits only for a replica to take the call (instant unless all are busy or one is
-            # restarting); the main call must not wait longer than that for the sidecar.
-            ref = await asyncio.wait_for(response._to_object_ref(),
-                                         self.config.speculation.sidecar_start_timeout_s)
-        except asyncio.CancelledError:
-            release()
-            response.cancel()
-            raise
-        except Exception as exc:  # TimeoutError, or no sidecar replica at all
-            release()
-            response.cancel()
-            failed = Prediction(error=f"the sidecar did not take the request: "
-                                f"{type(exc).__name__}")
-            ref = ray.put(failed.model_dump())  # the main replica reads it like an answer
-            return SidecarStart(token=ref, prediction=ref)
-        arrival = asyncio.ensure_future(_release_on_arrival(ref, release))
+        relay = SidecarRelay(asyncio.get_running_loop().create_future())
+        arrival = asyncio.ensure_future(relay.prediction(release))
         self._arrivals.add(arrival)
         arrival.add_done_callback(self._arrivals.discard)
+        arrival.add_done_callback(_retrieved)
 
         def cancel() -> None:
-            release()
-            response.cancel()
+            arrival.cancel()  # releases the gate; the main replica frees the sidecar itself
 
-        # The same ref twice: the main replica polls it while decoding, and the router awaits
-        # it (each `await` on an ObjectRef is its own future) to pre-execute predicted calls.
-        return SidecarStart(token=ref, prediction=ref, cancel=cancel)
+        return SidecarStart(token=relay, prediction=_Shared(arrival), cancel=cancel)
 
     async def _main_events(
         self, payload: dict[str, Any], sidecar_ref: Any, raw_prompt: Any = None
     ) -> AsyncIterator[TurnEvent]:
         """The main replica's events; the `TurnError` it hands over is raised here."""
-        refs = [sidecar_ref] if sidecar_ref is not None else []
+        relay = sidecar_ref if isinstance(sidecar_ref, SidecarRelay) else None
         baseline = (payload.get("ooo_spec") or {}).get("baseline")
         main = self.baselines[baseline] if baseline else self.main
         stream: Any = None
         finished = False
         try:
-            stream = (main.generate.remote(payload, refs) if raw_prompt is None
-                      else main.generate.remote(payload, refs, raw_prompt))
+            stream = (main.generate.remote(payload, relay is not None) if raw_prompt is None
+                      else main.generate.remote(payload, relay is not None, raw_prompt))
             async for event in stream:
                 if isinstance(event, TurnError):
                     raise event
+                if isinstance(event, SidecarCalled):
+                    if relay is not None:
+                        relay.called(event.prediction)
+                    continue
                 yield event
             finished = True
         except (ApiError, TurnError):
@@ -419,3 +439,5 @@ class Router:
         finally:
             if stream is not None and not finished:
                 stream.cancel()  # a dropped client or the deadline: stop decoding
+            if relay is not None and not relay.ref.done():
+                relay.never_called()

@@ -23,9 +23,10 @@ from app.speculation.turn import TurnResult
 
 @dataclass
 class SidecarStart:
-    """What starting the sidecar gives the router: the token the main call carries (an
-    `ObjectRef` in the deployment) and the same prediction as an awaitable of the `Prediction`
-    dict, for pre-execution. Awaiting it never delays the main call, which already has the token.
+    """What starting the sidecar gives the router: the token the main call carries (in the
+    deployment, the relay the main replica's `ObjectRef` of its sidecar call comes back to)
+    and the prediction as an awaitable of the `Prediction` dict, for pre-execution. Awaiting
+    it never delays the main call, which already has the token.
 
     `token` None: the deployment did not call the sidecar after all (its gate found too many
     calls pending, app/api/sidecar_gate.py); the turn then goes exactly as with the sidecar

@@ -1,7 +1,8 @@
 """The turn contract: what one main-model turn hands back to the router.
 
 While decoding, the main replica yields a `TurnDelta` per forward pass that produced text; at
-the end, one `TurnResult`. When the engine layer cannot serve the request as asked (messages
+the end, one `TurnResult`; on a turn that calls the sidecar, a `SidecarCalled` as soon as the
+call has a sidecar replica. When the engine layer cannot serve the request as asked (messages
 longer than the context, a grammar that does not compile, a schema vLLM refuses) it raises a
 `TurnError`: the client's to fix. The `MainModel` deployment hands that error across the Ray
 boundary and the router raises it again; only `app/api` turns it into an HTTP error.
@@ -37,6 +38,17 @@ class TurnDelta:
 
     text: str
     logprobs: Any = None
+
+
+@dataclass(frozen=True)
+class SidecarCalled:
+    """The main replica's first word on a turn it was asked to start the sidecar for: the call
+    reached a sidecar replica (`prediction`: the Ray `ObjectRef` of its `Prediction` dict), or
+    none took it in time (`prediction` then refers to a failed `Prediction`). The main replica
+    makes that call beside its own prefill, so no wait for a sidecar replica comes before it;
+    the router takes this event out of the stream for pre-execution and the report."""
+
+    prediction: Any
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from tests.e2e.cluster import (
     chat,
     delete_side_app,
     deploy_side_app,
+    handle,
     local_args,
     serve_details,
     settled,
@@ -133,14 +134,15 @@ def with_main(config: dict[str, Any], replicas: int) -> dict[str, Any]:
 
 def own_main(replicas: int) -> Any:
     """A MainModel deployment of a side app's own, as the session's (configs/local.yaml's
-    engine settings) but with Serve's own request router; no core reserved."""
+    engine settings) but with Serve's own request router; no core reserved. It calls the
+    session's Sidecar, as the session's main replicas do."""
     from app.config import load_config
     from deployments.main_model import MainModel
 
     shared = load_config(local_args()).model_dump(mode="json", exclude={"auth"})
     return MainModel.options(  # type: ignore[attr-defined]
         num_replicas=replicas, max_ongoing_requests=16, ray_actor_options={"num_cpus": 0},
-    ).bind(shared)
+    ).bind(shared, None, handle("Sidecar"))
 
 
 def keys_for(run: str) -> tuple[list[str], dict[str, Any]]:

@@ -56,7 +56,7 @@ def _probe(out: Path) -> None:
     assert TENANT_KEY == "_tenant"
 
     class StandIn:
-        def generate(self, payload: dict[str, Any], refs: list[Any]) -> str:
+        def generate(self, payload: dict[str, Any], call_sidecar: bool) -> str:
             return str(serve.get_replica_context().replica_id.unique_id)
 
     replica: Any = serve.deployment(StandIn, name="Replica",
@@ -71,7 +71,7 @@ def _probe(out: Path) -> None:
         seen: list[list[str]] = [[] for _ in range(TENANTS)]
         for tenant in order:
             payload = conversation(tenant, len(seen[tenant]))
-            seen[tenant].append(handle.generate.remote(payload, []).result(timeout_s=60))
+            seen[tenant].append(handle.generate.remote(payload, False).result(timeout_s=60))
         return seen
 
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,

@@ -29,7 +29,7 @@ class ScriptedMain:
     def options(self, **_: Any) -> ScriptedMain:
         return self
 
-    def remote(self, payload: dict[str, Any], refs: list[Any],
+    def remote(self, payload: dict[str, Any], call_sidecar: bool,
                raw_prompt: Any = None) -> AsyncIterator[TurnEvent]:
         self.payloads.append(payload)
 

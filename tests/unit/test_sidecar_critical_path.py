@@ -1,7 +1,8 @@
 """`ooo` never slower than `drafts` where the sidecar adds nothing: a turn that skips the sidecar
 (not worth it, or the router's gate busy) makes the same calls as a `drafts` turn
-(`ooo_spec.sidecar: false`), and a called sidecar's prediction is never waited for before or
-during the main call."""
+(`ooo_spec.sidecar: false`); a called sidecar's prediction is never waited for before or
+during the main call, nor is a sidecar replica taking the call (the main replica makes it,
+beside its prefill, and hands the ref back in its stream)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from app.api.prefix_index import ROUTE_KEY
 from app.api.sidecar_gate import SidecarGate
 from app.config import SidecarValueConfig
 from app.openai_models import ChatCompletionRequest, MainReport, OooSpecReport
-from app.speculation.turn import TurnDelta
+from app.speculation.turn import SidecarCalled, TurnDelta
 from deployments.router import Router
 from tests.unit.turns import turn_result
 
@@ -124,3 +125,77 @@ async def test_the_routers_gate_refusal_puts_nothing_and_hands_no_token() -> Non
     start = await deployment.func_or_class._start_sidecar(router, {})
     assert start is not None and start.token is None and start.prediction is None
     assert gate.skipped == 1 and gate.pending == 1
+
+
+class StreamingMain:
+    """A MainModel handle whose stream hands over `ref` first (None: never), then decodes."""
+
+    def __init__(self, ref: Any) -> None:
+        self.ref = ref
+        self.generate = self
+        self.calls: list[tuple[Any, ...]] = []
+
+    def remote(self, *args: Any) -> AsyncIterator[Any]:
+        self.calls.append(args)
+
+        async def events() -> AsyncIterator[Any]:
+            if self.ref is not None:
+                yield SidecarCalled(self.ref)
+            yield TurnDelta("x")
+            yield turn_result([], "x", text="x")
+
+        return events()
+
+
+def deployed_router(main: Any, gate: SidecarGate) -> Any:
+    class NoSidecar:
+        def __getattr__(self, name: str) -> Any:
+            raise AssertionError(f"the router called the sidecar ({name})")
+
+    return type("R", (), {"sidecar": NoSidecar(), "sidecar_gate": gate, "_arrivals": set(),
+                          "baselines": {}, "main": main})()
+
+
+async def test_the_router_admits_the_sidecar_call_and_the_main_stream_hands_its_ref_over() -> None:
+    """No wait before the main call: the router neither calls the sidecar nor awaits anything
+    for it; the main replica makes the call, and the ref it hands back in the stream is the
+    prediction pre-execution awaits (by two awaiters at once, one of them cancelled)."""
+    gate = SidecarGate(limit=1)
+    answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    main = StreamingMain(answer)
+    router = deployed_router(main, gate)
+    deployment: Any = Router
+    start = await deployment.func_or_class._start_sidecar(router, {})
+    assert start is not None and start.prediction is not None and gate.pending == 1
+    events = [e async for e in deployment.func_or_class._main_events(
+        router, {"ooo_spec": {}}, start.token)]
+    assert main.calls == [({"ooo_spec": {}}, True)]  # the main replica is asked to call it
+    assert [type(e).__name__ for e in events] == ["TurnDelta", "TurnResult"]
+    dropped = asyncio.ensure_future(_awaited(start.prediction))
+    kept = asyncio.ensure_future(_awaited(start.prediction))
+    await asyncio.sleep(0)
+    dropped.cancel()
+    answer.set_result({"calls": []})
+    assert await kept == {"calls": []}
+    assert gate.pending == 0  # released on arrival
+
+
+async def test_a_main_call_that_never_hands_the_ref_over_releases_the_gate() -> None:
+    gate = SidecarGate(limit=1)
+    router = deployed_router(StreamingMain(None), gate)
+    deployment: Any = Router
+    start = await deployment.func_or_class._start_sidecar(router, {})
+    assert start is not None and start.prediction is not None
+    [_ async for _ in deployment.func_or_class._main_events(router, {"ooo_spec": {}},
+                                                            start.token)]
+    try:
+        await start.prediction
+    except asyncio.CancelledError:
+        pass
+    else:
+        raise AssertionError("a prediction came from a call never made")
+    assert gate.pending == 0
+
+
+async def _awaited(prediction: Any) -> Any:
+    return await prediction
