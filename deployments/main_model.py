@@ -19,7 +19,8 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from app import telemetry
-from app.api.prefix_index import ROUTE_KEY, ROUTING_LOG
+from app.api import prefix_index
+from app.api.prefix_index import ROUTE_KEY
 from app.config import load_config
 from app.engine.rejections import engine_rejection
 from app.main_model.baselines import baseline_service
@@ -108,7 +109,9 @@ class MainModel:
         finally:
             if route_id is not None:
                 # Not reported: the sidecar's cache is its own (the main call's routing is).
-                ROUTING_LOG.take(str(route_id), "Sidecar")
+                # Through the module: Serve pickles this class by value, and the log's lock
+                # does not pickle.
+                prefix_index.ROUTING_LOG.take(str(route_id), "Sidecar")
         return _SidecarCall(ref, response)
 
     async def _generate(
