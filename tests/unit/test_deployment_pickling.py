@@ -13,7 +13,6 @@ import pytest
 import ray.cloudpickle as cloudpickle
 
 import deployments
-
 from deployments.main_model import MainModel
 from deployments.router import Router
 from deployments.sidecar import Sidecar
