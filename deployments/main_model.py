@@ -26,7 +26,7 @@ from app.engine.rejections import engine_rejection
 from app.main_model.baselines import baseline_service
 from app.main_model.service import MainModelService
 from app.main_model.side_result import with_side_result
-from app.openai_models import ChatCompletionRequest
+from app.openai_models import ChatCompletionRequest, OooSpecOptions
 from app.speculation.prediction import Prediction
 from app.speculation.turn import SidecarCalled, TurnError, TurnEvent, TurnResult
 from app.tenancy import ANONYMOUS_TENANT, TENANT_KEY
@@ -237,6 +237,7 @@ def _end_sidecar(call: asyncio.Task[_SidecarCall], keep: bool) -> None:
 
 def _awaits_prediction(payload: dict[str, Any]) -> bool:
     """Whether the router awaits the sidecar's prediction after the main call
-    (`ooo_spec.diagnostics.await_prediction`)."""
-    request = ChatCompletionRequest.model_validate(payload)
-    return request.ooo_spec.diagnostics.await_prediction
+    (`ooo_spec.diagnostics.await_prediction`); only the options are read again, not the
+    request's messages and tools."""
+    options = OooSpecOptions.model_validate(payload.get("ooo_spec") or {})
+    return options.diagnostics.await_prediction
