@@ -17,11 +17,13 @@ class Gated:
     def __init__(self, events: list[str]) -> None:
         self.events = events
         self.gates = [asyncio.Event() for _ in events]
+        self.waiting = [asyncio.Event() for _ in events]  # the stream waits at that gate
         self.closed = False
 
     async def stream(self) -> AsyncIterator[str]:
         try:
-            for event, gate in zip(self.events, self.gates, strict=True):
+            for event, gate, waiting in zip(self.events, self.gates, self.waiting, strict=True):
+                waiting.set()
                 await gate.wait()
                 yield event
         finally:
@@ -34,10 +36,12 @@ async def test_the_side_result_comes_out_before_an_event_that_is_still_waiting()
     side: asyncio.Future[str] = asyncio.get_running_loop().create_future()
     out = with_side_result(gated.stream(), side, lambda ref: f"side:{ref}")
     first = asyncio.ensure_future(anext(out))
-    await asyncio.sleep(0)
+    await gated.waiting[0].wait()
     assert not first.done()
     side.set_result("r")
-    for _ in range(20):  # a few turns of the loop: no event is ever let out meanwhile
+    # No event to wait for: what is checked is that `first` needs none. A bounded number of
+    # turns of the loop (not of the clock), so a merge that waits for the gate fails, not hangs.
+    for _ in range(20):
         await asyncio.sleep(0)
     assert first.done() and first.result() == "side:r"
     gated.gates[0].set()
@@ -102,8 +106,8 @@ async def test_a_consumer_cancelled_midway_closes_the_stream_and_leaves_no_task(
     assert await anext(out) == "a"
     before = asyncio.all_tasks()
     waiting = asyncio.ensure_future(anext(out))
-    while len(asyncio.all_tasks()) <= len(before) + 1:  # the next event's own task too
-        await asyncio.sleep(0)
+    await gated.waiting[1].wait()  # the next event's own task is running, at its gate
+    assert len(asyncio.all_tasks()) == len(before) + 2
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiting

@@ -171,9 +171,10 @@ async def test_the_router_admits_the_sidecar_call_and_the_main_stream_hands_its_
         router, {"ooo_spec": {}}, start.token)]
     assert main.calls == [({"ooo_spec": {}}, True)]  # the main replica is asked to call it
     assert [type(e).__name__ for e in events] == ["TurnDelta", "TurnResult"]
-    dropped = asyncio.ensure_future(_awaited(start.prediction))
+    awaiting = asyncio.Event()
+    dropped = asyncio.ensure_future(_awaited(start.prediction, awaiting))
     kept = asyncio.ensure_future(_awaited(start.prediction))
-    await asyncio.sleep(0)
+    await awaiting.wait()  # `dropped` awaits the prediction now
     dropped.cancel()
     answer.set_result({"calls": []})
     assert await kept == {"calls": []}
@@ -197,5 +198,7 @@ async def test_a_main_call_that_never_hands_the_ref_over_releases_the_gate() -> 
     assert gate.pending == 0
 
 
-async def _awaited(prediction: Any) -> Any:
+async def _awaited(prediction: Any, awaiting: asyncio.Event | None = None) -> Any:
+    if awaiting is not None:
+        awaiting.set()  # the await below starts in this same step
     return await prediction
