@@ -189,7 +189,8 @@ class SidecarRelay:
             self.ref.set_result(ref)
 
     def never_called(self) -> None:
-        """The main call ended without handing the call over: nothing will come."""
+        """The main call has ended: a ref it never handed over will not come (a ref that came
+        is kept)."""
         self.ref.cancel()
 
     async def prediction(self, release: Callable[[], None]) -> Any:
@@ -439,5 +440,5 @@ class Router:
         finally:
             if stream is not None and not finished:
                 stream.cancel()  # a dropped client or the deadline: stop decoding
-            if relay is not None and not relay.ref.done():
+            if relay is not None:
                 relay.never_called()

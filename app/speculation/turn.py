@@ -42,11 +42,13 @@ class TurnDelta:
 
 @dataclass(frozen=True)
 class SidecarCalled:
-    """The main replica's first word on a turn it was asked to start the sidecar for: the call
-    reached a sidecar replica (`prediction`: the Ray `ObjectRef` of its `Prediction` dict), or
-    none took it in time (`prediction` then refers to a failed `Prediction`). The main replica
-    makes that call beside its own prefill, so no wait for a sidecar replica comes before it;
-    the router takes this event out of the stream for pre-execution and the report."""
+    """The main replica's word, as soon as it has it, on a turn it was asked to start the
+    sidecar for (before the first `TurnDelta` unless that call waits longer than the prefill):
+    the call reached a sidecar replica (`prediction`: the Ray `ObjectRef` of its `Prediction`
+    dict), or none took it in time (`prediction` then refers to a failed `Prediction`). The
+    main replica makes that call beside its own prefill, so no wait for a sidecar replica comes
+    before it; the router takes this event out of the stream for pre-execution and the
+    report."""
 
     prediction: Any
 
