@@ -387,9 +387,19 @@ class SidecarValueConfig(_Strict):
         "must bring, on average, to be worth it (each saves at most one main forward pass; "
         "a call costs the sidecar's compute and, on a CPU, cores the main model decodes on).",
     )
+    cost_per_pass: float = Field(
+        0.0, ge=0, le=1,
+        description="What a prediction in flight costs the main model, in main forward passes "
+        "per pass of the turn: where the sidecar computes on the main model's cores (a CPU) "
+        "each main pass runs slower while it predicts. A called turn's gain counts less this "
+        "times its main passes. 0: the sidecar has accelerators of its own. The CPU configs "
+        "set 0.15 (docs/benchmarks.md, 'The sidecar's worth in time').",
+    )
     window: int = Field(4, ge=1, description="Recent sidecar calls the mean is taken over.")
     min_samples: int = Field(
-        2, ge=1, description="Calls measured before the sidecar may be skipped."
+        2, ge=1, description="Calls measured before the sidecar may be skipped (per tenant and "
+        "tool set; a tool set not measured yet goes by the tenant's other tool sets once they "
+        "hold this many)."
     )
     probe_every: int = Field(
         8, ge=1,
@@ -397,7 +407,8 @@ class SidecarValueConfig(_Strict):
         "measure it anew.",
     )
     max_keys: int = Field(
-        1024, ge=1, description="(tenant, tool set) records per router replica (LRU)."
+        1024, ge=1, description="(tenant, tool set) records per router replica, and as many "
+        "tenants' (LRU)."
     )
 
 

@@ -499,8 +499,9 @@ class SidecarDecision(BaseModel):
 
     call: bool
     reason: SidecarReason
-    # The sidecar's mean gain (accepted tokens beyond the other sources') over its recent
-    # calls for this tenant and tool set, and how many calls that is; None: none measured.
+    # The sidecar's mean net gain (accepted tokens beyond the other sources', less what it
+    # slowed the main passes) over its recent calls for this tenant and tool set (or the
+    # tenant, where the tool set is not yet measured), and how many calls; None: none measured.
     gain_tokens: float | None = None
     samples: int = 0
 

@@ -169,7 +169,7 @@ class ChatService:
         says nothing of what its predictions are worth)."""
         if final.sidecar.status in ("received", "late"):
             self.sidecar_value.observe(value_key(tenant, request.tool_schemas()),
-                                       final.main.sources.sidecar.gain_tokens)
+                                       final.main.sources.sidecar.gain_tokens, final.main.steps)
 
     async def events(
         self,

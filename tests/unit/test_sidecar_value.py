@@ -50,20 +50,54 @@ def test_it_skips_where_it_does_not_pay_and_probes_every_nth_request() -> None:
 
 def test_tenants_and_tool_sets_are_decided_apart() -> None:
     value = SidecarValue(CONFIG)
-    poor = value_key("a", ["lookup"])
+    poor, rich = value_key("a", ["lookup"]), value_key("a", ["lookup", "other"])
     for _ in range(2):
         value.observe(poor, 0)
+        value.observe(rich, 9)
     assert not value.decide(poor).call
+    assert value.decide(rich).reason == "pays"
     assert value.decide(value_key("b", ["lookup"])).reason == "measuring"
-    assert value.decide(value_key("a", ["lookup", "other"])).reason == "measuring"
     assert value_key("a", ["x", "y"]) == value_key("a", ["y", "x"])
+
+
+def test_a_tool_set_not_yet_measured_goes_by_the_tenants_other_tool_sets() -> None:
+    value = SidecarValue(CONFIG)
+    for name in ("one", "two"):
+        value.observe(value_key("a", [name]), 0)
+    # Each tool set has one call measured, too few of its own; the tenant's two do not pay.
+    fresh = [value.decide(value_key("a", [f"new{i}"])) for i in range(8)]
+    assert [d.call for d in fresh] == [False, False, False, True] * 2
+    assert {d.reason for d in fresh} == {"does_not_pay", "probe"}
+    assert (fresh[0].gain_tokens, fresh[0].samples) == (0.0, 2)
+    # Another tenant is not decided by them.
+    assert value.decide(value_key("b", ["new0"])).reason == "measuring"
+    # Probes that find the sidecar paying lift the tenant's mean: new tool sets are measured.
+    for i in range(3):
+        value.observe(value_key("a", [f"probe{i}"]), 12)
+    assert value.decide(value_key("a", ["newer"])).reason == "measuring"
+    # A tool set with calls of its own enough goes by them, not by the tenant's.
+    own = value_key("a", ["one"])
+    value.observe(own, 0)
+    assert value.decide(own).reason == "does_not_pay"
+
+
+def test_a_turn_counts_what_the_prediction_in_flight_cost_its_main_passes() -> None:
+    shared = SidecarValue(CONFIG.model_copy(update={"cost_per_pass": 0.15}))
+    own = SidecarValue(CONFIG)
+    key = value_key("t", ["lookup"])
+    for value in (shared, own):
+        for _ in range(2):
+            value.observe(key, 4, passes=20)  # 4 tokens gained, 3 passes' worth of slowing
+    assert own.decide(key).reason == "pays"
+    decision = shared.decide(key)
+    assert (decision.reason, decision.gain_tokens) == ("does_not_pay", 1.0)
 
 
 def test_bounded_and_switchable() -> None:
     value = SidecarValue(SidecarValueConfig(max_keys=2))
     for name in "abc":
         value.decide(value_key(name, []))
-    assert len(value._records) == 2
+    assert len(value._records) == len(value._tenants) == 2
     off = SidecarValue(SidecarValueConfig(enabled=False, min_samples=1))
     key = value_key("t", [])
     off.observe(key, 0)
@@ -128,6 +162,17 @@ async def test_the_router_stops_calling_a_sidecar_that_gains_nothing() -> None:
     # Another tenant's requests are measured on their own.
     other = await complete(service, calls, request(), tenant="u")
     assert other.sidecar_decisions[0].reason == "measuring"
+
+
+async def test_the_router_counts_the_turns_main_passes_against_the_gain() -> None:
+    # 6 tokens gained over 5 main passes: it pays, unless each pass it slowed costs a whole one.
+    shared = ChatService("m", sidecar_enabled=True,
+                         sidecar_value=CONFIG.model_copy(update={"cost_per_pass": 1.0}))
+    calls = Calls(gain=6)
+    reports = [await complete(shared, calls, request()) for _ in range(3)]
+    assert [r.sidecar_decisions[0].reason for r in reports] == [
+        "measuring", "measuring", "does_not_pay"]
+    assert reports[-1].sidecar_decisions[0].gain_tokens == 1.0
 
 
 async def test_a_sidecar_that_gains_keeps_being_called() -> None:
