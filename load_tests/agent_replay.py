@@ -15,6 +15,11 @@ and mode: requests per second over the block's wall time, p50 and p95 end to end
 first token, main-model passes (`ooo_spec.main.steps`) and tokens committed per pass, and how
 many answers differ from the reference mode's (`plain`, else the first) at the same level.
 
+With `--warmup-key`, each mode first answers one step of a conversation outside the replayed
+ones, under a tenant apart from the agents' (its own prefix cache and suffix memory), so the
+first mode on a fresh server does not pay the server's own warm-up (tens of seconds on the CPU
+machine) for the others.
+
 Each mode keeps its own memory of earlier outputs (`ooo_spec.diagnostics.suffix_scope`, as the
 bench does), so no mode is drafted another's answer; history candidates are off.
 """
@@ -80,6 +85,27 @@ def agent_conversations(steps: Sequence[MultiTurnStep], agents: int, conversatio
     for n, conversation in enumerate(chosen):
         dealt[n % agents] += sorted(conversation, key=lambda s: s.index)[:max_steps]
     return dealt
+
+
+def warmup_step(steps: Sequence[MultiTurnStep], conversations: int) -> MultiTurnStep:
+    """The first step of the conversation after the first `conversations` (those the levels
+    replay): what each mode answers once, uncounted, before the first block.
+
+    >>> from load_tests.bfcl_multi import ExpectedCall
+    >>> def step(c: str, i: int) -> MultiTurnStep:
+    ...     return MultiTurnStep(id=f"{c}#{i}", category="x", conversation=c, index=i, turn=0,
+    ...                          messages=[], tools=[],
+    ...                          expected=ExpectedCall(name="f", arguments={}))
+    >>> warmup_step([step("a", 0), step("b", 1), step("b", 0)], 1).id
+    'b#0'
+    """
+    by_conversation: dict[str, list[MultiTurnStep]] = {}
+    for step in steps:
+        by_conversation.setdefault(step.conversation, []).append(step)
+    rest = list(by_conversation.values())[conversations:]
+    if not rest:
+        raise ValueError(f"no conversation beyond the {conversations} replayed to warm up on")
+    return min(rest[0], key=lambda s: s.index)
 
 
 def block_order(levels: Sequence[int], modes: Sequence[str]) -> list[tuple[int, str]]:
@@ -287,10 +313,19 @@ async def run_block(url: str, dealt: Sequence[Sequence[MultiTurnStep]], mode: Mo
 async def run(url: str, levels: Sequence[int], modes: Sequence[Mode],
               steps: Sequence[MultiTurnStep], conversations: int, max_steps: int | None,
               keys: Sequence[str | None], max_tokens: int, timeout_s: float,
-              say: Any = print) -> dict[str, Any]:
+              say: Any = print, warmup_key: str | None = None) -> dict[str, Any]:
+    """Every (level, mode) block in `block_order`. `warmup_key`: a tenant apart from the
+    agents' answers `warmup_step` once per mode first, uncounted: otherwise the first block on
+    a fresh server pays the server's own warm-up, and whichever mode runs first loses by it."""
     by_name = {m.name: m for m in modes}
     summaries: list[dict[str, Any]] = []
     samples: list[Sample] = []
+    if warmup_key is not None:
+        warm = warmup_step(steps, conversations)
+        for mode in modes:
+            say(f"agents: warming up, {mode.name}, {warm.id}")
+            await _agent(url, warmup_key, -1, [warm], mode, 0, max_tokens, timeout_s,
+                         time.monotonic(), [])
     for agents, name in block_order(levels, [m.name for m in modes]):
         dealt = agent_conversations(steps, agents, conversations, max_steps)
         say(f"agents: {agents} at once, {name}, {sum(len(d) for d in dealt)} requests")

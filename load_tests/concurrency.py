@@ -411,6 +411,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "comma-separated or @FILE with one per line; the server must accept "
                         "them (`auth.api_keys`). Without: every agent is the anonymous "
                         "tenant, each mode still with its own suffix memory")
+    agents.add_argument("--warmup-key", default=None,
+                        help="an API key of a tenant apart from the agents': each mode first "
+                        "answers one step of the conversation after the replayed ones under "
+                        "it, uncounted (else the first mode on a fresh server pays the "
+                        "server's warm-up)")
     return parser
 
 
@@ -440,10 +445,11 @@ def main_agents(args: argparse.Namespace, levels: Sequence[int]) -> int:
     if unfit:
         raise SystemExit(f"mode(s) {', '.join(unfit)} do not run on {BFCL_MULTI}")
     keys = api_keys(args.api_keys, max(levels))
-    steps = load_bfcl_multi(category, args.conversation_count)
+    # One conversation more to warm up on, outside the replayed ones.
+    steps = load_bfcl_multi(category, args.conversation_count + (args.warmup_key is not None))
     result = asyncio.run(agent_replay.run(
         args.url, levels, modes, steps, args.conversation_count, args.steps, keys,
-        args.max_tokens, args.timeout))
+        args.max_tokens, args.timeout, warmup_key=args.warmup_key))
     order = [m.name for m in modes]
     summaries = sorted(result["summaries"], key=lambda s: (s["agents"], order.index(s["mode"])))
     diffs = {(d["agents"], d["mode"]): d["differ"] for d in result["differences"]}

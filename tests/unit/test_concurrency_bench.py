@@ -109,6 +109,37 @@ def test_every_level_deals_the_same_conversations_each_in_order() -> None:
         agent_replay.agent_conversations(steps, 4, 3)
 
 
+def test_the_warm_up_step_is_outside_the_replayed_conversations() -> None:
+    steps = [_step(c, i) for c in "abc" for i in (1, 0)]
+    dealt = agent_replay.agent_conversations(steps, 2, 2)
+    warm = agent_replay.warmup_step(steps, 2)
+    assert warm.id == "c#0"
+    assert warm.conversation not in {s.conversation for agent in dealt for s in agent}
+    with pytest.raises(ValueError, match="beyond the 3 replayed"):
+        agent_replay.warmup_step(steps, 3)
+
+
+async def test_each_mode_warms_up_once_under_its_own_tenant_before_the_blocks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    sent: list[tuple[str | None, int, str, list[str]]] = []
+
+    async def agent(url: str, key: str | None, agent: int, steps: Any, mode: Any,
+                    agents: int, *rest: Any) -> None:
+        sent.append((key, agent, mode.name, [s.id for s in steps]))
+
+    monkeypatch.setattr(agent_replay, "_agent", agent)
+    steps = [_step(c, 0) for c in "abc"]
+    modes = [MODES["suffix"], MODES["ooo"]]
+    await agent_replay.run("http://x", [1], modes, steps, 2, None, ["k0"], 8, 1.0,
+                           say=lambda _: None, warmup_key="warm")
+    assert sent[:2] == [("warm", -1, "suffix", ["c#0"]), ("warm", -1, "ooo", ["c#0"])]
+    assert {key for key, *_ in sent[2:]} == {"k0"} and len(sent) == 4
+    sent.clear()
+    await agent_replay.run("http://x", [1], modes, steps, 2, None, ["k0"], 8, 1.0,
+                           say=lambda _: None)
+    assert "warm" not in {key for key, *_ in sent}
+
+
 def test_modes_rotate_from_level_to_level() -> None:
     order = agent_replay.block_order([1, 4, 16], ["plain", "suffix", "ooo"])
     firsts = [order[i][1] for i in (0, 3, 6)]
