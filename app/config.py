@@ -401,6 +401,16 @@ class SidecarValueConfig(_Strict):
         "tool set; a tool set not measured yet goes by the tenant's other tool sets once they "
         "hold this many)."
     )
+    measure_new: bool = Field(
+        True, description="A tool set with fewer than `min_samples` calls measured, of a tenant "
+        "with as few over all its tool sets, calls the sidecar to measure it (`measuring`). "
+        "False: it is skipped as one that does not pay and probed every `probe_every`-th "
+        "request, so a new tenant pays no measuring calls where the sidecar costs the main "
+        "model time (its prefill beside the main model's on the same cores). On this "
+        "project's CPU, agents of two steps each: 1.04x the requests per second at one agent, "
+        "the same at four (docs/benchmarks.md, 'Several agents, fair start'), so the CPU "
+        "configs keep measuring.",
+    )
     probe_every: int = Field(
         8, ge=1,
         description="While skipped, every this-many-th request calls the sidecar again to "

@@ -15,7 +15,10 @@ their mean is at least `min_gain_tokens` (`pays`) and skips otherwise (`does_not
 every `probe_every`-th request, which calls it again (`probe`) so a workload that changes is
 noticed. A tool set the tenant has not sent (or not measured) yet is decided by the tenant's
 calls over all its tool sets: where those do not pay it is skipped and probed in the same way,
-so a tenant whose agents send many tool sets does not pay `min_samples` calls on each.
+so a tenant whose agents send many tool sets does not pay `min_samples` calls on each. With
+`measure_new` off, a tenant not yet measured `min_samples` times is not
+measured either: it is skipped and probed every `probe_every`-th request, and called while
+what its probes measured pays.
 Requests whose prediction does more than draft are always called: pre-execution of server
 tools (`pre_execution`) and the benchmark's prediction report (`diagnostics`). The tenant is
 part of every key: one tenant's traffic never decides another's calls.
@@ -80,6 +83,8 @@ class SidecarValue:
             return self._judge(record)
         if len(tenant.gains) >= config.min_samples and not self._pays(tenant):
             return self._judge(tenant)
+        if not config.measure_new and len(tenant.gains) < config.min_samples:
+            return self._judge(tenant)  # unmeasured: called where a probe found it paying
         return self._call(record, "measuring")
 
     def observe(self, key: ValueKey, gain_tokens: int, passes: int = 0) -> None:

@@ -81,6 +81,21 @@ def test_a_tool_set_not_yet_measured_goes_by_the_tenants_other_tool_sets() -> No
     assert value.decide(own).reason == "does_not_pay"
 
 
+def test_without_measuring_a_new_tenant_is_probed_and_called_once_it_pays() -> None:
+    value = SidecarValue(CONFIG.model_copy(update={"measure_new": False}))
+    key = value_key("t", ["lookup"])
+    first = [value.decide(key) for _ in range(4)]
+    assert [(d.call, d.reason) for d in first] == [(False, "does_not_pay")] * 3 + [
+        (True, "probe")]
+    assert (first[0].gain_tokens, first[0].samples) == (None, 0)
+    value.observe(key, 9)  # the probe found it paying
+    assert value.decide(value_key("t", ["other"])).reason == "pays"
+    for _ in range(3):
+        value.observe(key, 0)
+    assert value.decide(key).reason == "does_not_pay"  # its own calls decide now
+    assert SidecarValue(CONFIG).decide(key).reason == "measuring"  # the default measures
+
+
 def test_a_turn_counts_what_the_prediction_in_flight_cost_its_main_passes() -> None:
     shared = SidecarValue(CONFIG.model_copy(update={"cost_per_pass": 0.15}))
     own = SidecarValue(CONFIG)
