@@ -59,6 +59,14 @@ class Sample:
     error: str | None = None
 
 
+def by_conversation(steps: Sequence[MultiTurnStep]) -> list[list[MultiTurnStep]]:
+    """`steps` grouped by conversation, the conversations in their first step's order."""
+    grouped: dict[str, list[MultiTurnStep]] = {}
+    for step in steps:
+        grouped.setdefault(step.conversation, []).append(step)
+    return list(grouped.values())
+
+
 def agent_conversations(steps: Sequence[MultiTurnStep], agents: int, conversations: int,
                         max_steps: int | None = None) -> list[list[MultiTurnStep]]:
     """The first `conversations` conversations dealt round-robin to `agents` agents, each as the
@@ -75,10 +83,7 @@ def agent_conversations(steps: Sequence[MultiTurnStep], agents: int, conversatio
     >>> [[s.id for s in agent] for agent in dealt]
     [['a#0', 'a#1', 'c#0'], ['b#0']]
     """
-    by_conversation: dict[str, list[MultiTurnStep]] = {}
-    for step in steps:
-        by_conversation.setdefault(step.conversation, []).append(step)
-    chosen = list(by_conversation.values())[:conversations]
+    chosen = by_conversation(steps)[:conversations]
     if len(chosen) < agents:
         raise ValueError(f"{len(chosen)} conversations for {agents} agents")
     dealt: list[list[MultiTurnStep]] = [[] for _ in range(agents)]
@@ -99,10 +104,7 @@ def warmup_step(steps: Sequence[MultiTurnStep], conversations: int) -> MultiTurn
     >>> warmup_step([step("a", 0), step("b", 1), step("b", 0)], 1).id
     'b#0'
     """
-    by_conversation: dict[str, list[MultiTurnStep]] = {}
-    for step in steps:
-        by_conversation.setdefault(step.conversation, []).append(step)
-    rest = list(by_conversation.values())[conversations:]
+    rest = by_conversation(steps)[conversations:]
     if not rest:
         raise ValueError(f"no conversation beyond the {conversations} replayed to warm up on")
     return min(rest[0], key=lambda s: s.index)
